@@ -1,0 +1,211 @@
+package policy
+
+import (
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Workspace is the absolute path of every sandbox's workspace.
+const Workspace = "/workspace"
+
+// MaxArgv is the most argv items sandbox_exec takes.
+const MaxArgv = 64
+
+// CanExec decides whether commands may run at all.
+func (p Policy) CanExec() Decision {
+	if p.Exec == ExecDeny {
+		return Deny(PolicyDenied, "this server does not run commands (--exec=deny); use sandbox_read_file, sandbox_write_file and sandbox_list instead")
+	}
+	return Allowed
+}
+
+// NeedsResolve reports whether exec decisions need argv[0] resolved to a
+// program path first (see CheckProgram).
+func (p Policy) NeedsResolve() bool { return p.Exec == ExecAllowlist }
+
+// CheckProgram decides whether a command may run under the allowlist.
+// resolved is what argv0 resolves to inside the sandbox ("" if nothing);
+// allowed maps each resolved allowlist entry to the entry as the operator
+// wrote it. The decision is made on the resolved program, never on the
+// spelling: "/usr/bin/../bin/sh" or "./ls" are not "ls".
+func (p Policy) CheckProgram(argv0, resolved string, allowed map[string]string) Decision {
+	if d := p.CanExec(); !d.Allow {
+		return d
+	}
+	if p.Exec != ExecAllowlist {
+		return Allowed
+	}
+	if resolved != "" {
+		if _, ok := allowed[resolved]; ok {
+			return Allowed
+		}
+	}
+	list := strings.Join(p.AllowCmds, ", ")
+	switch {
+	case resolved == "":
+		return Deny(PolicyDenied, "%q is not on this server's command allowlist (allowed: %s)", argv0, list)
+	case resolved == argv0 || path.Base(resolved) == argv0:
+		return Deny(PolicyDenied, "%q (%s) is not on this server's command allowlist (allowed: %s)", argv0, resolved, list)
+	default:
+		return Deny(PolicyDenied, "%q resolves to %s, which is not on this server's command allowlist (allowed: %s); call an allowed command by its name", argv0, resolved, list)
+	}
+}
+
+// CheckArgv validates sandbox_exec's argv: 1 to MaxArgv items, no NUL, a
+// non-empty program.
+func CheckArgv(argv []string) Decision {
+	if len(argv) == 0 {
+		return Deny(InvalidArgument, "argv is empty; pass the program and its arguments, e.g. [\"ls\", \"-l\"]")
+	}
+	if len(argv) > MaxArgv {
+		return Deny(InvalidArgument, "argv has %d items; at most %d are allowed (write a script with sandbox_write_file and run that)", len(argv), MaxArgv)
+	}
+	if argv[0] == "" {
+		return Deny(InvalidArgument, "argv[0] is empty; it names the program to run")
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return Deny(InvalidArgument, "argv[%d] contains a NUL byte, which no program can receive", i)
+		}
+	}
+	return Allowed
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// CheckEnv validates sandbox_exec's env and returns it as sorted NAME=VALUE
+// pairs.
+func CheckEnv(env map[string]string) ([]string, Decision) {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		if !envName.MatchString(k) {
+			return nil, Deny(InvalidArgument, "env name %q is not valid; names match [A-Za-z_][A-Za-z0-9_]*", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return nil, Deny(InvalidArgument, "env %s contains a NUL byte", k)
+		}
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out, Allowed
+}
+
+// ExecTimeoutFor turns sandbox_exec's timeout_ms into a duration: 0 means the
+// default; above the ceiling is refused.
+func (p Policy) ExecTimeoutFor(ms int64) (time.Duration, Decision) {
+	if ms < 0 {
+		return 0, Deny(InvalidArgument, "timeout_ms must not be negative")
+	}
+	if ms == 0 {
+		return p.ExecTimeout, Allowed
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if d > p.MaxExecTimeout {
+		return 0, Deny(PolicyDenied, "timeout_ms %d is above this server's ceiling of %d (--max-exec-timeout); use at most %d, or run the work in the background and poll",
+			ms, p.MaxExecTimeout.Milliseconds(), p.MaxExecTimeout.Milliseconds())
+	}
+	return d, Allowed
+}
+
+// WorkspacePath turns a tool's path argument into a workspace-relative path
+// ("." for the root). An absolute path under /workspace is the same as the
+// relative one; any other absolute path, and any path whose ".." climbs out,
+// is OUTSIDE_WORKSPACE. This is a first, lexical check that gives a clear
+// error early; the agent's confined walk inside the container is what
+// enforces confinement (it also sees symlinks).
+func WorkspacePath(p string) (string, Decision) {
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", Deny(InvalidArgument, "path contains a NUL byte")
+	}
+	if len(p) > MaxPathBytes {
+		return "", Deny(InvalidArgument, "path is %d bytes long; at most %d are allowed", len(p), MaxPathBytes)
+	}
+	if !utf8.ValidString(p) {
+		return "", Deny(InvalidArgument, "path is not valid UTF-8")
+	}
+	rel := p
+	if strings.HasPrefix(p, "/") {
+		c := path.Clean(p)
+		switch {
+		case c == Workspace:
+			rel = "."
+		case strings.HasPrefix(p, Workspace+"/") && strings.HasPrefix(c, Workspace+"/"):
+			rel = strings.TrimLeft(strings.TrimPrefix(p, Workspace), "/")
+		default:
+			return "", Deny(OutsideWorkspace, "%q is outside the workspace; paths are relative to %s (an absolute path must start with %s/)", p, Workspace, Workspace)
+		}
+	}
+	if rel == "" {
+		rel = "."
+	}
+	if c := path.Clean(rel); c == ".." || strings.HasPrefix(c, "../") {
+		return "", Deny(OutsideWorkspace, "%q climbs out of the workspace with \"..\"; paths are relative to %s", p, Workspace)
+	}
+	return rel, Allowed
+}
+
+// DefaultFileMode is the mode of a file sandbox_write_file creates.
+const DefaultFileMode = 0o644
+
+// ParseMode parses sandbox_write_file's mode: an octal string of permission
+// bits such as "0644" or "755". "" means DefaultFileMode.
+func ParseMode(s string) (uint32, Decision) {
+	if s == "" {
+		return DefaultFileMode, Allowed
+	}
+	t := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0")
+	if t == "" {
+		t = "0"
+	}
+	v, err := strconv.ParseUint(t, 8, 32)
+	if err != nil || len(s) > 5 {
+		return 0, Deny(InvalidArgument, "mode %q is not an octal permission string such as \"0644\" or \"0755\"", s)
+	}
+	if v > 0o777 {
+		return 0, Deny(InvalidArgument, "mode %q has bits beyond permissions (setuid, setgid, sticky are not allowed); use 0000 to 0777", s)
+	}
+	return uint32(v), Allowed
+}
+
+// CanWrite decides whether a tool may change the workspace.
+func (p Policy) CanWrite() Decision {
+	if p.ReadOnly {
+		return Deny(ReadOnly, "the workspace is read-only on this server (--read-only); nothing can be written or changed")
+	}
+	return Allowed
+}
+
+// CheckWriteSize decides whether n bytes may be written in one call.
+func (p Policy) CheckWriteSize(n int64) Decision {
+	if n > p.MaxFileBytes {
+		return Deny(TooLarge, "content is %d bytes; this server writes at most %d bytes per call (--max-file-bytes); write it in parts with append", n, p.MaxFileBytes)
+	}
+	return Allowed
+}
+
+// ListEntries turns sandbox_list's max_entries into a count (0 means the
+// default).
+func ListEntries(n int) (int, Decision) {
+	switch {
+	case n < 0:
+		return 0, Deny(InvalidArgument, "max_entries must not be negative")
+	case n == 0:
+		return DefaultListEntries, Allowed
+	case n > MaxListEntries:
+		return 0, Deny(InvalidArgument, "max_entries %d is above %d; list a subdirectory instead", n, MaxListEntries)
+	}
+	return n, Allowed
+}
+
+// CheckRange validates sandbox_read_file's offset and length.
+func CheckRange(offset, length int64) Decision {
+	if offset < 0 || length < 0 {
+		return Deny(InvalidArgument, "offset and length must not be negative")
+	}
+	return Allowed
+}

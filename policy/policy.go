@@ -1,0 +1,200 @@
+// Package policy holds the operator's rules for what a sandbox may do, and
+// the pure decisions made from them: exec mode and command allowlist,
+// read-only workspace, size caps, timeouts and limits, and the checks on tool
+// arguments. It does no I/O. A decision is a value that carries the reason,
+// and the reason is reused verbatim in logs and in the tool error the model
+// reads.
+//
+// No tool argument can widen a Policy: tools only ever ask it.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Code classifies a refusal or failure. Tool errors start with the code.
+type Code string
+
+// The error codes of the tool contract (SPEC §2).
+const (
+	InvalidArgument  Code = "INVALID_ARGUMENT"
+	PolicyDenied     Code = "POLICY_DENIED"
+	ReadOnly         Code = "READ_ONLY"
+	OutsideWorkspace Code = "OUTSIDE_WORKSPACE"
+	NotFound         Code = "NOT_FOUND"
+	TooLarge         Code = "TOO_LARGE"
+	Timeout          Code = "TIMEOUT"
+	Busy             Code = "BUSY"
+	Unavailable      Code = "UNAVAILABLE"
+)
+
+// Codes lists every code, in the order of the contract.
+var Codes = []Code{InvalidArgument, PolicyDenied, ReadOnly, OutsideWorkspace, NotFound, TooLarge, Timeout, Busy, Unavailable}
+
+// Decision is the outcome of a check. The zero Decision denies with no
+// reason; use Allow and Deny to build one.
+type Decision struct {
+	Allow  bool
+	Code   Code   // set when denied
+	Reason string // a sentence: what was wrong and what to do instead
+}
+
+// Allowed is the Decision that allows.
+var Allowed = Decision{Allow: true}
+
+// Deny returns a denying Decision with a formatted reason.
+func Deny(code Code, format string, args ...any) Decision {
+	return Decision{Code: code, Reason: fmt.Sprintf(format, args...)}
+}
+
+// String renders a denial as the tool error text: "CODE: reason".
+func (d Decision) String() string {
+	if d.Allow {
+		return "allow"
+	}
+	return string(d.Code) + ": " + d.Reason
+}
+
+// ExecMode says which commands may run.
+type ExecMode string
+
+// Exec modes.
+const (
+	ExecAllow     ExecMode = "allow"     // any command; the container is the boundary
+	ExecAllowlist ExecMode = "allowlist" // only commands on AllowCmds
+	ExecDeny      ExecMode = "deny"      // no command at all
+)
+
+// NetworkMode says what network a sandbox has.
+type NetworkMode string
+
+// Network modes.
+const (
+	NetworkNone      NetworkMode = "none"      // no network at all
+	NetworkAllowlist NetworkMode = "allowlist" // an internal network and the egress proxy
+)
+
+// Defaults (SPEC §3).
+const (
+	DefaultMaxFileBytes      = 8 << 20
+	DefaultMaxOutputBytes    = 1 << 20
+	DefaultMaxWorkspaceBytes = 512 << 20
+	DefaultExecTimeout       = 60 * time.Second
+	DefaultMaxExecTimeout    = 10 * time.Minute
+	DefaultMemory            = 1 << 30
+	DefaultCPUs              = 1.0
+	DefaultPids              = 256
+	DefaultMaxExecs          = 4
+	DefaultListEntries       = 1000
+	// MaxListEntries is the ceiling for sandbox_list's max_entries.
+	MaxListEntries = 10000
+	// MaxPathBytes is the longest path a tool accepts.
+	MaxPathBytes = 4096
+)
+
+// Policy is the operator's effective policy. The zero value is not useful;
+// start from Default.
+type Policy struct {
+	Exec      ExecMode `json:"exec"`
+	AllowCmds []string `json:"allow_cmd,omitempty"`
+	// ReadOnly mounts the workspace read-only: no tool, exec included, can
+	// change it.
+	ReadOnly          bool          `json:"read_only"`
+	MaxFileBytes      int64         `json:"max_file_bytes"`
+	MaxOutputBytes    int64         `json:"max_output_bytes"`
+	MaxWorkspaceBytes int64         `json:"max_workspace_bytes"`
+	ExecTimeout       time.Duration `json:"-"`
+	MaxExecTimeout    time.Duration `json:"-"`
+	Memory            int64         `json:"memory_bytes"`
+	CPUs              float64       `json:"cpus"`
+	Pids              int64         `json:"pids"`
+	// MaxExecs is the number of commands one sandbox may run at once.
+	MaxExecs             int         `json:"max_concurrent_execs"`
+	Network              NetworkMode `json:"network"`
+	AllowHosts           []string    `json:"allow_host,omitempty"`
+	AllowPrivateNetworks bool        `json:"allow_private_networks"`
+}
+
+// Default returns the policy of SPEC §3's defaults.
+func Default() Policy {
+	return Policy{
+		Exec:              ExecAllow,
+		MaxFileBytes:      DefaultMaxFileBytes,
+		MaxOutputBytes:    DefaultMaxOutputBytes,
+		MaxWorkspaceBytes: DefaultMaxWorkspaceBytes,
+		ExecTimeout:       DefaultExecTimeout,
+		MaxExecTimeout:    DefaultMaxExecTimeout,
+		Memory:            DefaultMemory,
+		CPUs:              DefaultCPUs,
+		Pids:              DefaultPids,
+		MaxExecs:          DefaultMaxExecs,
+		Network:           NetworkNone,
+	}
+}
+
+// Validate reports every inconsistency at once, each naming the flag to fix.
+func (p Policy) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	switch p.Exec {
+	case ExecAllow, ExecDeny:
+		if len(p.AllowCmds) > 0 {
+			bad("--allow-cmd is set but --exec=%s ignores it; use --exec=allowlist", p.Exec)
+		}
+	case ExecAllowlist:
+		if len(p.AllowCmds) == 0 {
+			bad("--exec=allowlist needs at least one --allow-cmd (or use --exec=deny to refuse every command)")
+		}
+		for _, c := range p.AllowCmds {
+			if c == "" || strings.ContainsAny(c, "\x00 \t\n") {
+				bad("--allow-cmd entry %q is not a command name or absolute path", c)
+			} else if strings.Contains(c, "/") && !strings.HasPrefix(c, "/") {
+				bad("--allow-cmd entry %q: give a bare name (looked up on the sandbox's PATH) or an absolute path", c)
+			}
+		}
+	default:
+		bad("--exec=%q: use allow, allowlist or deny", p.Exec)
+	}
+	if p.MaxFileBytes <= 0 {
+		bad("--max-file-bytes must be positive")
+	}
+	if p.MaxOutputBytes <= 0 {
+		bad("--max-output-bytes must be positive")
+	}
+	if p.MaxWorkspaceBytes < 1<<20 {
+		bad("--max-workspace-bytes must be at least 1 MiB")
+	}
+	if p.ExecTimeout <= 0 || p.MaxExecTimeout <= 0 {
+		bad("--exec-timeout and --max-exec-timeout must be positive")
+	} else if p.ExecTimeout > p.MaxExecTimeout {
+		bad("--exec-timeout (%s) is above --max-exec-timeout (%s)", p.ExecTimeout, p.MaxExecTimeout)
+	}
+	if p.Memory < 16<<20 {
+		bad("--memory must be at least 16 MiB")
+	} else if p.MaxWorkspaceBytes > p.Memory {
+		// The workspace is a tmpfs: its pages count against the memory limit.
+		bad("--max-workspace-bytes (%d) is above --memory (%d): the workspace lives in the sandbox's memory; raise --memory or lower --max-workspace-bytes", p.MaxWorkspaceBytes, p.Memory)
+	}
+	if p.CPUs <= 0 {
+		bad("--cpus must be positive")
+	}
+	if p.Pids < 16 {
+		bad("--pids must be at least 16")
+	}
+	if p.MaxExecs < 1 {
+		bad("--max-execs must be at least 1")
+	}
+	switch p.Network {
+	case NetworkNone:
+		if len(p.AllowHosts) > 0 {
+			bad("--allow-host is set but --network=none; use --network=allowlist")
+		}
+	case NetworkAllowlist:
+	default:
+		bad("--network=%q: use none or allowlist", p.Network)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,195 @@
+package agentproto
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the protocol version spoken by this package. See the package
+// documentation for what changes it.
+const Version = 1
+
+// Limits on a single frame. A peer that sends more is broken or hostile, and
+// the connection ends.
+const (
+	MaxHeader  = 64 << 10 // bytes of JSON header
+	MaxPayload = 1 << 20  // bytes of payload
+	// ChunkSize is the payload size senders use when they stream bulk data.
+	ChunkSize = 256 << 10
+)
+
+// Kind names what a frame is. Each constant's comment gives the direction
+// (S→A from server to agent, A→S from agent to server), the body type and what
+// the payload holds.
+type Kind string
+
+const (
+	// KindHello A→S, id 0: body Hello. First frame on the stream.
+	KindHello Kind = "hello"
+	// KindLease S→A, id 0: body Lease. Sent once after hello.
+	KindLease Kind = "lease"
+	// KindPing S→A: no body. The agent answers KindPong with the same id.
+	KindPing Kind = "ping"
+	// KindPong A→S: no body.
+	KindPong Kind = "pong"
+
+	// KindExec S→A: body ExecRequest. If Stdin is true, data frames and one
+	// eof frame follow. Answered by stdout/stderr frames, then KindExit or
+	// KindError.
+	KindExec Kind = "exec"
+	// KindStdout, KindStderr A→S: payload is command output.
+	KindStdout Kind = "stdout"
+	KindStderr Kind = "stderr"
+	// KindExit A→S: body ExecResult. Terminal.
+	KindExit Kind = "exit"
+
+	// KindRead S→A: body ReadRequest. Answered by data frames with the
+	// content, then KindResult with ReadResult.
+	KindRead Kind = "read"
+	// KindWrite S→A: body WriteRequest, then data frames and eof. Answered by
+	// KindResult with WriteResult.
+	KindWrite Kind = "write"
+	// KindList S→A: body ListRequest. Answered by data frames whose payloads
+	// are JSON lines of Entry, then KindResult with ListResult.
+	KindList Kind = "list"
+	// KindResolve S→A: body ResolveRequest. Answered by KindResult with
+	// ResolveResult.
+	KindResolve Kind = "resolve"
+	// KindSnapshot S→A: body SnapshotRequest. Answered by data frames with a
+	// tar stream of the workspace, then KindResult with SnapshotResult.
+	KindSnapshot Kind = "snapshot"
+	// KindRestore S→A: body RestoreRequest, then data frames with a tar
+	// stream and eof. Answered by KindResult with RestoreResult.
+	KindRestore Kind = "restore"
+
+	// KindData carries a chunk of bulk data in its payload, either way.
+	KindData Kind = "data"
+	// KindEOF S→A: the end of the data frames of a request.
+	KindEOF Kind = "eof"
+	// KindCancel S→A: stop the request with this id.
+	KindCancel Kind = "cancel"
+
+	// KindResult A→S: terminal success; the body depends on the request.
+	KindResult Kind = "result"
+	// KindError A→S: terminal failure; body Error.
+	KindError Kind = "error"
+)
+
+// Header is the JSON head of a frame.
+type Header struct {
+	ID   uint64          `json:"id"`
+	Kind Kind            `json:"k"`
+	Body json.RawMessage `json:"b,omitempty"`
+}
+
+// Frame is one decoded message.
+type Frame struct {
+	Header
+	Payload []byte
+}
+
+// Decode unmarshals the frame's body into v. A missing body leaves v as it is.
+func (f *Frame) Decode(v any) error {
+	if len(f.Body) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(f.Body, v); err != nil {
+		return fmt.Errorf("agentproto: %s frame %d: bad body: %w", f.Kind, f.ID, err)
+	}
+	return nil
+}
+
+// ErrFrameTooLarge reports a frame whose declared sizes exceed the limits.
+var ErrFrameTooLarge = errors.New("agentproto: frame exceeds size limits")
+
+// Writer encodes frames onto a stream. It is not safe for concurrent use;
+// callers serialise writes.
+type Writer struct {
+	w   *bufio.Writer
+	hdr [8]byte
+}
+
+// NewWriter returns a Writer on w.
+func NewWriter(w io.Writer) *Writer {
+	return &Writer{w: bufio.NewWriterSize(w, 64<<10)}
+}
+
+// Write encodes one frame and flushes it. body may be nil. The payload must
+// not exceed MaxPayload.
+func (w *Writer) Write(id uint64, kind Kind, body any, payload []byte) error {
+	h := Header{ID: id, Kind: kind}
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("agentproto: encode %s body: %w", kind, err)
+		}
+		h.Body = b
+	}
+	head, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Errorf("agentproto: encode header: %w", err)
+	}
+	if len(head) > MaxHeader || len(payload) > MaxPayload {
+		return ErrFrameTooLarge
+	}
+	binary.BigEndian.PutUint32(w.hdr[0:4], uint32(len(head)))
+	binary.BigEndian.PutUint32(w.hdr[4:8], uint32(len(payload)))
+	if _, err := w.w.Write(w.hdr[:]); err != nil {
+		return err
+	}
+	if _, err := w.w.Write(head); err != nil {
+		return err
+	}
+	if _, err := w.w.Write(payload); err != nil {
+		return err
+	}
+	return w.w.Flush()
+}
+
+// Reader decodes frames from a stream.
+type Reader struct {
+	r *bufio.Reader
+}
+
+// NewReader returns a Reader on r.
+func NewReader(r io.Reader) *Reader {
+	return &Reader{r: bufio.NewReaderSize(r, 64<<10)}
+}
+
+// Read decodes the next frame. It returns io.EOF at a clean end of stream,
+// io.ErrUnexpectedEOF for a stream cut inside a frame, ErrFrameTooLarge for
+// oversized frames, and a descriptive error for a malformed header. After an
+// error the stream cannot be resynchronised and must be closed.
+func (r *Reader) Read() (Frame, error) {
+	var sizes [8]byte
+	if _, err := io.ReadFull(r.r, sizes[:]); err != nil {
+		return Frame{}, err
+	}
+	hl := binary.BigEndian.Uint32(sizes[0:4])
+	pl := binary.BigEndian.Uint32(sizes[4:8])
+	if hl == 0 || hl > MaxHeader || pl > MaxPayload {
+		return Frame{}, ErrFrameTooLarge
+	}
+	buf := make([]byte, int(hl)+int(pl))
+	if _, err := io.ReadFull(r.r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	var f Frame
+	if err := json.Unmarshal(buf[:hl], &f.Header); err != nil {
+		return Frame{}, fmt.Errorf("agentproto: bad frame header: %w", err)
+	}
+	if f.Kind == "" {
+		return Frame{}, errors.New("agentproto: frame header without kind")
+	}
+	if pl > 0 {
+		f.Payload = buf[hl:]
+	}
+	return f, nil
+}

@@ -1,0 +1,215 @@
+package agentproto
+
+import (
+	"fmt"
+	"time"
+)
+
+// Hello is the agent's first frame.
+type Hello struct {
+	Version   int    `json:"version"`   // protocol version the agent speaks
+	Agent     string `json:"agent"`     // agent build, for logs
+	PID       int    `json:"pid"`       // the agent's pid inside the container
+	UID       int    `json:"uid"`       // the uid it runs as
+	Workspace string `json:"workspace"` // absolute path of the workspace root
+}
+
+// Lease tells the agent how long to live without hearing from the server.
+type Lease struct {
+	// TTLMillis is the lease: with no frame from the server for this long,
+	// the agent ends itself (and with it the container). 0 means no lease.
+	TTLMillis int64 `json:"ttl_ms"`
+}
+
+// ExecRequest runs one program.
+type ExecRequest struct {
+	// Path is the absolute program to execute; Argv[0] is passed unchanged.
+	// An empty Path means: resolve Argv[0] like ResolveRequest does.
+	Path string   `json:"path,omitempty"`
+	Argv []string `json:"argv"`
+	// Cwd is workspace-relative ("." for the root) and confined like file
+	// paths.
+	Cwd string `json:"cwd"`
+	// Env holds NAME=VALUE pairs added to the agent's base environment.
+	Env []string `json:"env,omitempty"`
+	// TimeoutMillis kills the command (and everything it started) after this
+	// long. 0 means no limit.
+	TimeoutMillis int64 `json:"timeout_ms"`
+	// MaxOutput is the number of bytes per stream sent back; the rest is read
+	// and dropped. 0 means nothing is sent.
+	MaxOutput int64 `json:"max_output"`
+	// Stdin is true when data frames with the command's stdin follow.
+	// Otherwise stdin is empty.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// ExecResult ends an exec.
+type ExecResult struct {
+	ExitCode int `json:"exit_code"` // 128+signal when killed by a signal
+	// Signal names the signal that ended the command, if any.
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	// Cancelled is true when a cancel frame stopped the command.
+	Cancelled bool `json:"cancelled,omitempty"`
+	// StdoutBytes and StderrBytes count everything the command wrote,
+	// including what was dropped beyond MaxOutput.
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// Killed counts the processes killed when the command timed out or was
+	// cancelled.
+	Killed       int   `json:"killed,omitempty"`
+	DurationNano int64 `json:"duration_ns"`
+}
+
+// Duration returns the command's run time.
+func (r ExecResult) Duration() time.Duration { return time.Duration(r.DurationNano) }
+
+// ReadRequest reads part of a regular file.
+type ReadRequest struct {
+	Path   string `json:"path"`
+	Offset int64  `json:"offset"`
+	// Length is the number of bytes wanted; 0 means to the end of the file.
+	Length int64 `json:"length"`
+	// Max caps the bytes sent back.
+	Max int64 `json:"max"`
+}
+
+// ReadResult ends a read. The content came in the data frames before it.
+type ReadResult struct {
+	Size      int64 `json:"size"` // size of the whole file
+	Truncated bool  `json:"truncated"`
+}
+
+// WriteRequest writes a regular file from the data frames that follow.
+type WriteRequest struct {
+	Path   string `json:"path"`
+	Append bool   `json:"append"`
+	Mode   uint32 `json:"mode"` // permission bits for a new file
+	// Size is the number of bytes that will follow. The agent refuses more.
+	Size int64 `json:"size"`
+}
+
+// WriteResult ends a write.
+type WriteResult struct {
+	Written int64 `json:"written"`
+	Size    int64 `json:"size"` // size of the file afterwards
+}
+
+// ListRequest lists a directory.
+type ListRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive"`
+	Max       int    `json:"max"`
+}
+
+// Entry is one listed file. Its JSON lines travel in data frames.
+type Entry struct {
+	Path   string    `json:"path"` // workspace-relative, "/"-separated
+	Type   string    `json:"type"` // file, dir, symlink or other
+	Size   int64     `json:"size"`
+	Mode   uint32    `json:"mode"` // permission bits and setuid/setgid/sticky
+	MTime  time.Time `json:"mtime"`
+	Target string    `json:"target,omitempty"` // symlink target, as stored
+}
+
+// Entry types.
+const (
+	TypeFile    = "file"
+	TypeDir     = "dir"
+	TypeSymlink = "symlink"
+	TypeOther   = "other"
+)
+
+// ListResult ends a list.
+type ListResult struct {
+	Count     int  `json:"count"`
+	Truncated bool `json:"truncated"`
+}
+
+// ResolveRequest resolves program names the way exec does: a name without a
+// slash is looked up on the agent's fixed PATH; a name with a slash is taken
+// relative to Cwd in the workspace. The result is cleaned, with symlinks in
+// the directory part resolved and the last element kept, so that a busybox
+// applet keeps its own name.
+type ResolveRequest struct {
+	Names []string `json:"names"`
+	Cwd   string   `json:"cwd"`
+}
+
+// ResolveResult holds one path per name, "" where a name was not found.
+type ResolveResult struct {
+	Paths []string `json:"paths"`
+}
+
+// Limits bound a tar stream in either direction.
+type Limits struct {
+	MaxBytes   int64 `json:"max_bytes"`   // bytes of tar stream
+	MaxEntries int   `json:"max_entries"` // headers
+	MaxDepth   int   `json:"max_depth"`   // path components
+}
+
+// SnapshotRequest asks for a tar stream of the whole workspace.
+type SnapshotRequest struct {
+	Limits
+}
+
+// SnapshotResult ends a snapshot.
+type SnapshotResult struct {
+	Files   int   `json:"files"`   // entries written
+	Bytes   int64 `json:"bytes"`   // bytes of tar stream
+	Skipped int   `json:"skipped"` // special files left out
+}
+
+// RestoreRequest replaces the workspace with the tar stream that follows.
+type RestoreRequest struct {
+	Limits
+}
+
+// RestoreResult ends a restore.
+type RestoreResult struct {
+	Files   int   `json:"files"`
+	Bytes   int64 `json:"bytes"`
+	Skipped int   `json:"skipped"` // entries dropped (devices, links out)
+}
+
+// Code classifies an error. The values are the error codes of the tool
+// contract, so the server can pass them on after checking them.
+type Code string
+
+const (
+	CodeInvalidArgument  Code = "INVALID_ARGUMENT"
+	CodeReadOnly         Code = "READ_ONLY"
+	CodeOutsideWorkspace Code = "OUTSIDE_WORKSPACE"
+	CodeNotFound         Code = "NOT_FOUND"
+	CodeTooLarge         Code = "TOO_LARGE"
+	CodeTimeout          Code = "TIMEOUT"
+	CodeBusy             Code = "BUSY"
+	CodeUnavailable      Code = "UNAVAILABLE"
+	// CodeInternal is a fault the model cannot act on.
+	CodeInternal Code = "INTERNAL"
+)
+
+// Valid reports whether c is one of the defined codes.
+func (c Code) Valid() bool {
+	switch c {
+	case CodeInvalidArgument, CodeReadOnly, CodeOutsideWorkspace, CodeNotFound,
+		CodeTooLarge, CodeTimeout, CodeBusy, CodeUnavailable, CodeInternal:
+		return true
+	}
+	return false
+}
+
+// Error is the body of a KindError frame, and the error type the agent's
+// operations return.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error with the code and a formatted message. The message
+// says what was wrong and, where possible, what to do instead.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
