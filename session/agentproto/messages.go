@@ -169,7 +169,7 @@ type RestoreRequest struct {
 type RestoreResult struct {
 	Files   int   `json:"files"`
 	Bytes   int64 `json:"bytes"`
-	Skipped int   `json:"skipped"` // entries dropped (devices, links out)
+	Skipped int   `json:"skipped"` // entries dropped (devices, FIFOs, sockets)
 }
 
 // Code classifies an error. The values are the error codes of the tool

@@ -1,0 +1,333 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+)
+
+// BuildVersion identifies this agent build in the hello frame and in logs.
+const BuildVersion = "sandbox-agent/1"
+
+// Options configure Serve.
+type Options struct {
+	// Workspace is the directory file operations are confined to.
+	Workspace string
+	// Env is the base environment of every command (NAME=VALUE). The
+	// request's variables and the per-command marker are added to it.
+	Env []string
+	// Path is the list of directories programs are looked up in. Relative
+	// entries and entries inside the workspace are ignored.
+	Path []string
+	// Logger receives diagnostics; nil discards them.
+	Logger *slog.Logger
+}
+
+// server is one protocol connection.
+type server struct {
+	opts Options
+	ws   *Workspace
+	log  *slog.Logger
+	path []string
+
+	wmu sync.Mutex
+	w   *agentproto.Writer
+
+	mu    sync.Mutex
+	calls map[uint64]*call
+
+	lastFrame atomic.Int64 // unix nanos of the last frame received
+	leaseTTL  atomic.Int64 // nanos; 0 = no lease
+	wg        sync.WaitGroup
+}
+
+// call is a request in flight.
+type call struct {
+	id     uint64
+	cancel context.CancelFunc
+	// in receives the request's data frames (stdin, file content, tar);
+	// nil when the request takes none.
+	in *inbox
+}
+
+// Serve runs the protocol on in and out until in reaches EOF, the lease runs
+// out, or ctx ends. It returns nil on a clean EOF.
+func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	// Keep same-uid processes out of /proc/<agent>/fd and /proc/<agent>/mem:
+	// the sandboxed code must not write into the protocol stream or read the
+	// agent's memory. Children get their own dumpable flag at execve.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		log.Warn("agent: cannot clear dumpable flag", "err", err)
+	}
+	ws, err := OpenWorkspace(opts.Workspace)
+	if err != nil {
+		return fmt.Errorf("agent: open workspace: %w", err)
+	}
+	defer ws.Close()
+
+	s := &server{
+		opts:  opts,
+		ws:    ws,
+		log:   log,
+		path:  cleanSearchPath(opts.Path, opts.Workspace),
+		w:     agentproto.NewWriter(out),
+		calls: make(map[uint64]*call),
+	}
+	s.lastFrame.Store(time.Now().UnixNano())
+
+	uid := os.Getuid()
+	if err := s.send(0, agentproto.KindHello, agentproto.Hello{
+		Version: agentproto.Version, Agent: BuildVersion, PID: os.Getpid(), UID: uid, Workspace: opts.Workspace,
+	}, nil); err != nil {
+		return fmt.Errorf("agent: send hello: %w", err)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.watchLease(ctx, cancel)
+
+	frames := make(chan agentproto.Frame)
+	readErr := make(chan error, 1)
+	go func() {
+		r := agentproto.NewReader(in)
+		for {
+			f, err := r.Read()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case frames <- f:
+			case <-ctx.Done():
+				readErr <- ctx.Err()
+				return
+			}
+		}
+	}()
+
+	for {
+		select {
+		case f := <-frames:
+			s.lastFrame.Store(time.Now().UnixNano())
+			s.dispatch(ctx, f)
+		case err := <-readErr:
+			s.stopAll()
+			if errors.Is(err, io.EOF) {
+				log.Info("agent: server closed the stream")
+				return nil
+			}
+			return fmt.Errorf("agent: read frame: %w", err)
+		case <-ctx.Done():
+			s.stopAll()
+			return fmt.Errorf("agent: %w", context.Cause(ctx))
+		}
+	}
+}
+
+// watchLease ends the agent when the server has been silent for the lease.
+func (s *server) watchLease(ctx context.Context, cancel context.CancelFunc) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			ttl := s.leaseTTL.Load()
+			if ttl > 0 && now.UnixNano()-s.lastFrame.Load() > ttl {
+				s.log.Warn("agent: lease expired; ending the sandbox", "ttl", time.Duration(ttl))
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+// stopAll cancels every request in flight and waits for them to finish, so
+// every command's processes are killed before the agent returns.
+func (s *server) stopAll() {
+	s.mu.Lock()
+	for _, c := range s.calls {
+		c.cancel()
+		if c.in != nil {
+			c.in.close()
+		}
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (s *server) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.w.Write(id, kind, body, payload)
+}
+
+// sendError ends a request with an error frame. Errors that are not
+// *agentproto.Error become INTERNAL.
+func (s *server) sendError(id uint64, err error) {
+	var pe *agentproto.Error
+	if !errors.As(err, &pe) {
+		pe = agentproto.Errorf(agentproto.CodeInternal, "%v", err)
+	}
+	if werr := s.send(id, agentproto.KindError, pe, nil); werr != nil {
+		s.log.Warn("agent: send error frame", "id", id, "err", werr)
+	}
+}
+
+func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
+	switch f.Kind {
+	case agentproto.KindLease:
+		var l agentproto.Lease
+		if err := f.Decode(&l); err == nil && l.TTLMillis >= 0 {
+			s.leaseTTL.Store(int64(time.Duration(l.TTLMillis) * time.Millisecond))
+		}
+	case agentproto.KindPing:
+		if err := s.send(f.ID, agentproto.KindPong, nil, nil); err != nil {
+			s.log.Warn("agent: send pong", "err", err)
+		}
+	case agentproto.KindData, agentproto.KindEOF:
+		s.mu.Lock()
+		c := s.calls[f.ID]
+		s.mu.Unlock()
+		if c == nil || c.in == nil {
+			return // the request already ended; late data is dropped
+		}
+		if f.Kind == agentproto.KindEOF {
+			c.in.close()
+		} else {
+			c.in.push(f.Payload)
+		}
+	case agentproto.KindCancel:
+		s.mu.Lock()
+		c := s.calls[f.ID]
+		s.mu.Unlock()
+		if c != nil {
+			c.cancel()
+		}
+	case agentproto.KindExec:
+		var req agentproto.ExecRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			s.exec(ctx, c, req)
+		})
+	case agentproto.KindRead:
+		var req agentproto.ReadRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			dst := &chunkWriter{s: s, id: c.id}
+			res, err := s.ws.ReadFile(req.Path, req.Offset, req.Length, req.Max, dst)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindWrite:
+		var req agentproto.WriteRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.WriteFile(req.Path, c.in, req.Size, req.Append, req.Mode)
+			c.in.abort(err)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindList:
+		var req agentproto.ListRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			lw := &entryWriter{cw: chunkWriter{s: s, id: c.id}}
+			res, err := s.ws.List(req.Path, req.Recursive, req.Max, lw.emit)
+			if err == nil {
+				err = lw.flush()
+			}
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindResolve:
+		var req agentproto.ResolveRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res := agentproto.ResolveResult{Paths: make([]string, len(req.Names))}
+			for i, n := range req.Names {
+				res.Paths[i], _ = s.resolve(n, req.Cwd)
+			}
+			s.finish(c.id, res, nil)
+		})
+	case agentproto.KindSnapshot:
+		var req agentproto.SnapshotRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			dst := &chunkWriter{s: s, id: c.id, ctx: ctx}
+			res, err := s.ws.Snapshot(dst, req.Limits)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindRestore:
+		var req agentproto.RestoreRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.Restore(c.in, req.Limits)
+			c.in.abort(err)
+			s.finish(c.id, res, err)
+		})
+	default:
+		s.sendError(f.ID, agentproto.Errorf(agentproto.CodeInvalidArgument, "unknown request kind %q", f.Kind))
+	}
+}
+
+// start decodes a request body into req and runs fn in its own goroutine,
+// registered under the frame's id until it returns. Requests followed by data
+// frames get an inbox for them. fn must send the terminal frame.
+func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func(context.Context, *call)) {
+	if err := f.Decode(req); err != nil {
+		s.sendError(f.ID, agentproto.Errorf(agentproto.CodeInvalidArgument, "%v", err))
+		return
+	}
+	withInput := false
+	switch r := req.(type) {
+	case *agentproto.ExecRequest:
+		withInput = r.Stdin
+	case *agentproto.WriteRequest, *agentproto.RestoreRequest:
+		withInput = true
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	c := &call{id: f.ID, cancel: cancel}
+	if withInput {
+		c.in = newInbox()
+	}
+	s.mu.Lock()
+	if _, dup := s.calls[f.ID]; dup {
+		s.mu.Unlock()
+		cancel()
+		s.sendError(f.ID, agentproto.Errorf(agentproto.CodeInvalidArgument, "request id %d is already in use", f.ID))
+		return
+	}
+	s.calls[f.ID] = c
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.calls, c.id)
+			s.mu.Unlock()
+			cancel()
+			if c.in != nil {
+				c.in.close()
+			}
+		}()
+		fn(cctx, c)
+	}()
+}
+
+// finish sends a request's terminal frame: result or error.
+func (s *server) finish(id uint64, res any, err error) {
+	if err != nil {
+		s.sendError(id, err)
+		return
+	}
+	if err := s.send(id, agentproto.KindResult, res, nil); err != nil {
+		s.log.Warn("agent: send result", "id", id, "err", err)
+	}
+}

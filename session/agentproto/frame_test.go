@@ -1,0 +1,84 @@
+package agentproto
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	payload := bytes.Repeat([]byte{0, 1, 0xff}, 1000)
+	if err := w.Write(7, KindExec, ExecRequest{Argv: []string{"ls", "-l"}, Cwd: "."}, payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(0, KindPing, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReader(&buf)
+	f, err := r.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req ExecRequest
+	if err := f.Decode(&req); err != nil {
+		t.Fatal(err)
+	}
+	if f.ID != 7 || f.Kind != KindExec || req.Argv[1] != "-l" || !bytes.Equal(f.Payload, payload) {
+		t.Fatalf("got %+v %+v", f.Header, req)
+	}
+	f, err = r.Read()
+	if err != nil || f.Kind != KindPing || f.Payload != nil || len(f.Body) != 0 {
+		t.Fatalf("second frame: %+v %v", f, err)
+	}
+	if _, err := r.Read(); err != io.EOF {
+		t.Fatalf("end: %v", err)
+	}
+}
+
+func TestFrameLimits(t *testing.T) {
+	if err := NewWriter(io.Discard).Write(1, KindData, nil, make([]byte, MaxPayload+1)); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("oversized payload written: %v", err)
+	}
+	frame := func(hl, pl uint32, rest string) *Reader {
+		var b bytes.Buffer
+		binary.Write(&b, binary.BigEndian, hl)
+		binary.Write(&b, binary.BigEndian, pl)
+		b.WriteString(rest)
+		return NewReader(&b)
+	}
+	for name, tc := range map[string]struct {
+		r    *Reader
+		want string
+	}{
+		"header too large":  {frame(MaxHeader+1, 0, ""), "size limits"},
+		"payload too large": {frame(10, MaxPayload+1, ""), "size limits"},
+		"empty header":      {frame(0, 0, ""), "size limits"},
+		"cut inside":        {frame(20, 0, `{"id":1`), "unexpected EOF"},
+		"not json":          {frame(3, 0, "abc"), "bad frame header"},
+		"no kind":           {frame(8, 0, `{"id":1}`), "without kind"},
+	} {
+		_, err := tc.r.Read()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestCodes(t *testing.T) {
+	for _, c := range []Code{CodeInvalidArgument, CodeReadOnly, CodeOutsideWorkspace, CodeNotFound, CodeTooLarge, CodeTimeout, CodeBusy, CodeUnavailable, CodeInternal} {
+		if !c.Valid() {
+			t.Errorf("%s not valid", c)
+		}
+	}
+	if Code("POLICY_DENIED").Valid() || Code("ROOT").Valid() {
+		t.Error("the agent cannot claim a policy decision or an unknown code")
+	}
+	if e := Errorf(CodeNotFound, "%q missing", "x"); e.Error() != `NOT_FOUND: "x" missing` {
+		t.Fatal(e)
+	}
+}
