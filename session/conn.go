@@ -1,0 +1,318 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moby/moby/api/pkg/stdcopy"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+)
+
+// errProtocol marks a reply from the agent that breaks the protocol. The
+// connection ends when one is seen.
+var errProtocol = errors.New("agent broke the protocol")
+
+// conn is the server's end of the protocol with one sandbox's agent, over
+// the container's attach stream. Everything read from it is untrusted.
+type conn struct {
+	log   *slog.Logger
+	raw   io.Closer // the attach stream; closing it ends the agent
+	hello agentproto.Hello
+
+	wmu sync.Mutex
+	w   *agentproto.Writer
+
+	mu     sync.Mutex
+	calls  map[uint64]*pending
+	nextID uint64
+
+	dead    chan struct{}
+	deadErr atomic.Pointer[error]
+}
+
+// pending is a request in flight on a conn.
+type pending struct {
+	id     uint64
+	frames chan agentproto.Frame
+	done   chan struct{} // closed when the caller stops listening
+}
+
+// agentKinds are the frame kinds an agent may send after hello.
+var agentKinds = map[agentproto.Kind]bool{
+	agentproto.KindPong: true, agentproto.KindStdout: true, agentproto.KindStderr: true,
+	agentproto.KindExit: true, agentproto.KindData: true, agentproto.KindResult: true,
+	agentproto.KindError: true,
+}
+
+// newConn takes over an attach stream (multiplexed stdout and stderr in r,
+// stdin in w), waits for the agent's hello and sends the lease.
+func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, log *slog.Logger) (*conn, error) {
+	pr, pw := io.Pipe()
+	stderr := &lineLogger{log: log}
+	go func() {
+		_, err := stdcopy.StdCopy(pw, stderr, r)
+		if err == nil {
+			err = io.EOF
+		}
+		pw.CloseWithError(err)
+		stderr.flush()
+	}()
+	c := &conn{
+		log:   log,
+		raw:   raw,
+		w:     agentproto.NewWriter(w),
+		calls: make(map[uint64]*pending),
+		dead:  make(chan struct{}),
+	}
+	reader := agentproto.NewReader(pr)
+
+	type helloOrErr struct {
+		f   agentproto.Frame
+		err error
+	}
+	first := make(chan helloOrErr, 1)
+	go func() {
+		f, err := reader.Read()
+		first <- helloOrErr{f, err}
+	}()
+	select {
+	case <-ctx.Done():
+		raw.Close()
+		return nil, fmt.Errorf("waiting for the agent's hello: %w", context.Cause(ctx))
+	case h := <-first:
+		if h.err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("waiting for the agent's hello: %w (agent output: %s)", h.err, stderr.tail())
+		}
+		if h.f.Kind != agentproto.KindHello || h.f.ID != 0 {
+			raw.Close()
+			return nil, fmt.Errorf("%w: first frame is %q, not hello", errProtocol, h.f.Kind)
+		}
+		if err := h.f.Decode(&c.hello); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("%w: %v", errProtocol, err)
+		}
+		if c.hello.Version != agentproto.Version {
+			raw.Close()
+			return nil, fmt.Errorf("agent speaks protocol %d, this server speaks %d: rebuild the runtime image with a matching agent", c.hello.Version, agentproto.Version)
+		}
+	}
+	if err := c.send(0, agentproto.KindLease, agentproto.Lease{TTLMillis: lease.Milliseconds()}, nil); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("sending the lease: %w", err)
+	}
+	go c.readLoop(reader)
+	return c, nil
+}
+
+// readLoop routes the agent's frames to the requests waiting for them.
+func (c *conn) readLoop(r *agentproto.Reader) {
+	for {
+		f, err := r.Read()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				c.fail(errors.New("the agent's stream ended"))
+			} else {
+				c.fail(fmt.Errorf("reading from the agent: %w", err))
+			}
+			return
+		}
+		if !agentKinds[f.Kind] {
+			c.fail(fmt.Errorf("%w: unexpected %q frame", errProtocol, f.Kind))
+			return
+		}
+		c.mu.Lock()
+		p := c.calls[f.ID]
+		c.mu.Unlock()
+		if p == nil {
+			continue // a request that already ended
+		}
+		select {
+		case p.frames <- f:
+		case <-p.done:
+		case <-c.dead:
+			return
+		}
+	}
+}
+
+// fail ends the connection once, recording why.
+func (c *conn) fail(err error) {
+	if c.deadErr.CompareAndSwap(nil, &err) {
+		c.log.Warn("session: agent connection ended", "err", err)
+		close(c.dead)
+		c.raw.Close()
+	}
+}
+
+// err returns why the connection ended, or nil while it is alive.
+func (c *conn) err() error {
+	if p := c.deadErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.err(); err != nil {
+		return err
+	}
+	if err := c.w.Write(id, kind, body, payload); err != nil {
+		c.fail(fmt.Errorf("writing to the agent: %w", err))
+		return err
+	}
+	return nil
+}
+
+// open registers a request and sends its first frame.
+func (c *conn) open(kind agentproto.Kind, body any) (*pending, error) {
+	c.mu.Lock()
+	c.nextID++
+	p := &pending{id: c.nextID, frames: make(chan agentproto.Frame, 16), done: make(chan struct{})}
+	c.calls[p.id] = p
+	c.mu.Unlock()
+	if err := c.send(p.id, kind, body, nil); err != nil {
+		c.close(p)
+		return nil, err
+	}
+	return p, nil
+}
+
+// close stops listening for a request's frames.
+func (c *conn) close(p *pending) {
+	c.mu.Lock()
+	if c.calls[p.id] == p {
+		delete(c.calls, p.id)
+		close(p.done)
+	}
+	c.mu.Unlock()
+}
+
+// sendData sends a request's input as data frames and an eof frame.
+func (c *conn) sendData(p *pending, data []byte) error {
+	for len(data) > 0 {
+		n := min(len(data), agentproto.ChunkSize)
+		if err := c.send(p.id, agentproto.KindData, nil, data[:n]); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return c.send(p.id, agentproto.KindEOF, nil, nil)
+}
+
+// cancel asks the agent to stop a request.
+func (c *conn) cancel(p *pending) {
+	_ = c.send(p.id, agentproto.KindCancel, nil, nil)
+}
+
+// next waits for the request's next frame. It fails when ctx ends or the
+// connection dies.
+func (c *conn) next(ctx context.Context, p *pending) (agentproto.Frame, error) {
+	select {
+	case f := <-p.frames:
+		return f, nil
+	case <-c.dead:
+		// Frames delivered before the end are still good.
+		select {
+		case f := <-p.frames:
+			return f, nil
+		default:
+		}
+		return agentproto.Frame{}, c.err()
+	case <-ctx.Done():
+		return agentproto.Frame{}, context.Cause(ctx)
+	}
+}
+
+// ping checks that the agent answers within ctx.
+func (c *conn) ping(ctx context.Context) error {
+	p, err := c.open(agentproto.KindPing, nil)
+	if err != nil {
+		return err
+	}
+	defer c.close(p)
+	f, err := c.next(ctx, p)
+	if err != nil {
+		return err
+	}
+	if f.Kind != agentproto.KindPong {
+		return fmt.Errorf("%w: %q in answer to ping", errProtocol, f.Kind)
+	}
+	return nil
+}
+
+// lineLogger logs the agent's stderr line by line, bounded, and keeps the
+// last lines for error messages.
+type lineLogger struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	buf  []byte
+	last []string
+}
+
+const (
+	maxStderrLine   = 512
+	keptStderrLines = 8
+)
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, b := range p {
+		if b == '\n' || len(l.buf) >= maxStderrLine {
+			l.emit()
+			if b == '\n' {
+				continue
+			}
+		}
+		l.buf = append(l.buf, b)
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) emit() {
+	if len(l.buf) == 0 {
+		return
+	}
+	line := string(l.buf)
+	l.buf = l.buf[:0]
+	l.log.Debug("agent", "line", line)
+	l.last = append(l.last, line)
+	if len(l.last) > keptStderrLines {
+		l.last = l.last[1:]
+	}
+}
+
+func (l *lineLogger) flush() {
+	l.mu.Lock()
+	l.emit()
+	l.mu.Unlock()
+}
+
+// tail returns the last lines the agent wrote to stderr.
+func (l *lineLogger) tail() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.emit()
+	if len(l.last) == 0 {
+		return "none"
+	}
+	out := ""
+	for i, s := range l.last {
+		if i > 0 {
+			out += " | "
+		}
+		out += s
+	}
+	return out
+}

@@ -1,0 +1,132 @@
+package session
+
+import (
+	"fmt"
+	"maps"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+)
+
+// Paths inside every sandbox container.
+const (
+	// WorkspaceDir is the sandbox's workspace, a tmpfs.
+	WorkspaceDir = "/workspace"
+	// AgentPath is where the runtime image holds the agent binary.
+	AgentPath = "/.sandbox-mcp/agent"
+)
+
+// Labels put on every engine object the server makes.
+const (
+	// LabelManaged marks an object as sandbox-mcp's; its value is "1".
+	LabelManaged = "io.sandbox-mcp"
+	// LabelInstance names the server instance that made the object.
+	LabelInstance = "io.sandbox-mcp.instance"
+	// LabelSandbox names the sandbox the object belongs to.
+	LabelSandbox = "io.sandbox-mcp.sandbox"
+	// LabelCreated is the object's creation time (RFC 3339), for the sweep.
+	LabelCreated = "io.sandbox-mcp.created"
+	// LabelRuntime marks a runtime image (a base image plus the agent).
+	LabelRuntime = "io.sandbox-mcp.runtime"
+)
+
+// ContainerParams are the inputs of ContainerSpec. Every field is set by the
+// server from its policy; nothing here comes from a tool argument.
+type ContainerParams struct {
+	Name   string            // container name
+	Image  string            // runtime image (base plus agent)
+	Labels map[string]string // labels, LabelManaged and friends included
+	UID    int               // non-root numeric user the sandbox runs as
+	GID    int
+	Env    []string // the sandbox's whole environment (NAME=VALUE)
+
+	WorkspaceBytes    int64 // size of the /workspace tmpfs
+	WorkspaceReadOnly bool  // mount /workspace read-only
+	TmpBytes          int64 // size of the /tmp tmpfs
+
+	Memory   int64 // bytes of memory, and of memory+swap (no swap)
+	NanoCPUs int64 // CPU quota in 1e-9 CPUs
+	Pids     int64 // process limit
+	NoFile   int64 // open-file limit (soft and hard)
+
+	// Network is "none" or the name of the sandbox's own internal network.
+	Network string
+	// Runtime is the OCI runtime ("" for the engine's default, or "runsc").
+	Runtime string
+}
+
+// ContainerSpec builds the options that create a sandbox container. It is
+// pure: the hardening of SPEC §5 lives here, in one place, and is tested field
+// by field.
+//
+// The container runs the agent (under the engine's init, which reaps orphans)
+// with its stdin open for one attach stream: when that stream closes, stdin
+// closes, the agent exits and the engine removes the container, so a sandbox
+// never outlives the server that holds its stream.
+func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
+	yes := true
+	uidgid := fmt.Sprintf("%d:%d", p.UID, p.GID)
+	wsOpts := fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0755", p.WorkspaceBytes, p.UID, p.GID)
+	if p.WorkspaceReadOnly {
+		wsOpts = fmt.Sprintf("ro,exec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0755", p.WorkspaceBytes, p.UID, p.GID)
+	}
+	netMode := p.Network
+	if netMode == "" {
+		netMode = "none"
+	}
+	pids := p.Pids
+	cfg := &container.Config{
+		Hostname:     "sandbox",
+		User:         uidgid,
+		Env:          append([]string(nil), p.Env...),
+		Entrypoint:   []string{AgentPath},
+		Cmd:          []string{},
+		WorkingDir:   WorkspaceDir,
+		Labels:       maps.Clone(p.Labels),
+		Image:        p.Image,
+		AttachStdin:  true,
+		AttachStdout: true,
+		AttachStderr: true,
+		OpenStdin:    true,
+		StdinOnce:    true,
+		StopTimeout:  new(1),
+	}
+	host := &container.HostConfig{
+		// The protocol runs over stdout: nothing is logged by the engine.
+		LogConfig:      container.LogConfig{Type: "none"},
+		NetworkMode:    container.NetworkMode(netMode),
+		AutoRemove:     true,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges=true"},
+		ReadonlyRootfs: true,
+		Init:           &yes,
+		Runtime:        p.Runtime,
+		IpcMode:        container.IPCModePrivate,
+		Tmpfs: map[string]string{
+			WorkspaceDir: wsOpts,
+			"/tmp":       fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", p.TmpBytes),
+		},
+		Resources: container.Resources{
+			Memory:     p.Memory,
+			MemorySwap: p.Memory,
+			NanoCPUs:   p.NanoCPUs,
+			PidsLimit:  &pids,
+			Ulimits: []*container.Ulimit{
+				{Name: "nofile", Soft: p.NoFile, Hard: p.NoFile},
+			},
+		},
+	}
+	var netCfg *network.NetworkingConfig
+	if netMode != "none" {
+		netCfg = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
+			netMode: {},
+		}}
+	}
+	return client.ContainerCreateOptions{
+		Name:             p.Name,
+		Config:           cfg,
+		HostConfig:       host,
+		NetworkingConfig: netCfg,
+	}
+}

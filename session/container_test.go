@@ -1,0 +1,185 @@
+package session
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+)
+
+func testParams() ContainerParams {
+	return ContainerParams{
+		Name:           "sandbox-mcp-sb-1-1",
+		Image:          "sandbox-mcp-runtime:abc",
+		Labels:         map[string]string{LabelManaged: "1", LabelInstance: "srv-1", LabelSandbox: "sb-1"},
+		UID:            1000,
+		GID:            1000,
+		Env:            []string{"HOME=/tmp", "A=b"},
+		WorkspaceBytes: 512 << 20,
+		TmpBytes:       64 << 20,
+		Memory:         1 << 30,
+		NanoCPUs:       1e9,
+		Pids:           256,
+		NoFile:         4096,
+		Network:        "none",
+	}
+}
+
+// TestContainerSpec checks the hardening of SPEC §5 field by field, without
+// an engine.
+func TestContainerSpec(t *testing.T) {
+	p := testParams()
+	o := ContainerSpec(p)
+	c, h := o.Config, o.HostConfig
+
+	check := func(what string, ok bool) {
+		t.Helper()
+		if !ok {
+			t.Errorf("%s: config %+v host %+v", what, c, h)
+		}
+	}
+	check("name", o.Name == p.Name)
+	check("image", c.Image == p.Image)
+	check("non-root numeric user", c.User == "1000:1000")
+	check("agent as entrypoint", slices.Equal(c.Entrypoint, []string{AgentPath}) && len(c.Cmd) == 0)
+	check("working dir", c.WorkingDir == "/workspace")
+	check("env is exactly the given list", slices.Equal(c.Env, p.Env))
+	check("labels", c.Labels[LabelSandbox] == "sb-1" && c.Labels[LabelInstance] == "srv-1" && c.Labels[LabelManaged] == "1")
+	check("stdin open for one attach, closed when it ends", c.OpenStdin && c.StdinOnce && c.AttachStdin && c.AttachStdout && c.AttachStderr && !c.Tty)
+	check("no tty", !c.Tty)
+
+	check("read-only rootfs", h.ReadonlyRootfs)
+	check("cap drop all", slices.Equal(h.CapDrop, []string{"ALL"}) && len(h.CapAdd) == 0)
+	check("not privileged", !h.Privileged)
+	check("no-new-privileges", slices.Contains(h.SecurityOpt, "no-new-privileges=true"))
+	for _, s := range h.SecurityOpt {
+		check("default seccomp kept", !strings.HasPrefix(s, "seccomp"))
+		check("default apparmor kept", !strings.HasPrefix(s, "apparmor"))
+	}
+	check("init reaps zombies", h.Init != nil && *h.Init)
+	check("auto remove", h.AutoRemove)
+	check("no engine log of the protocol", h.LogConfig.Type == "none")
+	check("network none", h.NetworkMode == "none" && o.NetworkingConfig == nil)
+	check("no host binds", len(h.Binds) == 0 && len(h.Mounts) == 0 && len(h.VolumesFrom) == 0)
+	check("no devices", len(h.Devices) == 0 && len(h.DeviceRequests) == 0 && len(h.DeviceCgroupRules) == 0)
+	check("host namespaces not shared", h.PidMode == "" && h.IpcMode == container.IPCModePrivate && h.UTSMode == "" && h.UsernsMode == "" && h.CgroupnsMode == "")
+	check("no published ports", len(h.PortBindings) == 0 && !h.PublishAllPorts)
+	check("memory", h.Memory == 1<<30)
+	check("no swap", h.MemorySwap == h.Memory)
+	check("cpus", h.NanoCPUs == 1e9)
+	check("pids", h.PidsLimit != nil && *h.PidsLimit == 256)
+	check("nofile", len(h.Ulimits) == 1 && h.Ulimits[0].Name == "nofile" && h.Ulimits[0].Soft == 4096 && h.Ulimits[0].Hard == 4096)
+	check("runtime default", h.Runtime == "")
+	check("no restart", h.RestartPolicy.Name == "" || h.RestartPolicy.Name == "no")
+	check("no extra hosts or dns", len(h.ExtraHosts) == 0 && len(h.DNS) == 0)
+
+	ws := h.Tmpfs["/workspace"]
+	for _, opt := range []string{"rw", "exec", "nosuid", "nodev", "size=536870912", "uid=1000", "gid=1000", "mode=0755"} {
+		check("workspace tmpfs "+opt, slices.Contains(strings.Split(ws, ","), opt))
+	}
+	tmp := h.Tmpfs["/tmp"]
+	for _, opt := range []string{"rw", "nosuid", "nodev", "size=67108864", "mode=1777"} {
+		check("/tmp tmpfs "+opt, slices.Contains(strings.Split(tmp, ","), opt))
+	}
+	check("only two tmpfs", len(h.Tmpfs) == 2)
+
+	// Read-only: the workspace mount itself is read-only.
+	p.WorkspaceReadOnly = true
+	ro := ContainerSpec(p).HostConfig.Tmpfs["/workspace"]
+	check("read-only workspace", strings.HasPrefix(ro, "ro,") && !slices.Contains(strings.Split(ro, ","), "rw"))
+
+	// A network name joins that network only.
+	p.Network = "sandbox-mcp-net-sb-1"
+	n := ContainerSpec(p)
+	check("network mode", n.HostConfig.NetworkMode == "sandbox-mcp-net-sb-1")
+	check("endpoint", n.NetworkingConfig != nil && len(n.NetworkingConfig.EndpointsConfig) == 1 && n.NetworkingConfig.EndpointsConfig["sandbox-mcp-net-sb-1"] != nil)
+
+	// The spec does not share the caller's slices and maps.
+	p2 := testParams()
+	o2 := ContainerSpec(p2)
+	p2.Env[0] = "CHANGED=1"
+	p2.Labels[LabelSandbox] = "changed"
+	check("env copied", o2.Config.Env[0] == "HOME=/tmp")
+	check("labels copied", o2.Config.Labels[LabelSandbox] == "sb-1")
+}
+
+func TestOrphaned(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		state string
+		age   time.Duration
+		want  bool
+	}{
+		{"running", time.Hour, false}, // a live server's, whatever its age
+		{"paused", time.Hour, false},
+		{"restarting", time.Hour, false},
+		{"removing", time.Hour, false},
+		{"exited", time.Second, true},
+		{"dead", time.Second, true},
+		{"created", time.Second, false}, // its server may be starting it now
+		{"created", orphanGrace + time.Second, true},
+	} {
+		if got := orphaned(tc.state, now.Add(-tc.age), now); got != tc.want {
+			t.Errorf("orphaned(%s, age %s) = %v, want %v", tc.state, tc.age, got, tc.want)
+		}
+	}
+}
+
+// TestContainerInspect checks, on the real engine, that a sandbox container
+// carries the hardening of SPEC §5 (the CIS assertions of security-cases §4).
+func TestContainerInspect(t *testing.T) {
+	m := testManager(t, nil)
+	sb := newSandbox(t, m)
+	run(t, sb, "true")
+	res, err := m.cli.ContainerInspect(context.Background(), sb.ContainerID(), client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, h := res.Container.Config, res.Container.HostConfig
+	check := func(what string, ok bool) {
+		t.Helper()
+		if !ok {
+			t.Errorf("docker inspect: %s", what)
+		}
+	}
+	check("4.1 user non-root numeric: "+c.User, c.User == "1000:1000")
+	check("5.4 CapDrop ALL", len(h.CapDrop) == 1 && strings.EqualFold(strings.TrimPrefix(h.CapDrop[0], "CAP_"), "ALL") && len(h.CapAdd) == 0)
+	check("5.5 not privileged", !h.Privileged)
+	check("5.6 no binds", len(h.Binds) == 0)
+	for _, mnt := range res.Container.Mounts {
+		check("5.6 no mounts but tmpfs: "+string(mnt.Type), mnt.Type == "tmpfs")
+		check("5.32 no docker socket", !strings.Contains(mnt.Source, "docker.sock"))
+	}
+	check("5.10 network none: "+string(h.NetworkMode), h.NetworkMode == "none")
+	check("5.16 pid ns", !h.PidMode.IsHost())
+	check("5.17 ipc ns", !h.IpcMode.IsHost())
+	check("5.21 uts ns", !h.UTSMode.IsHost())
+	check("5.31 userns", !h.UsernsMode.IsHost())
+	check("5.11 memory = swap", h.Memory > 0 && h.MemorySwap == h.Memory)
+	check("5.12 cpus", h.NanoCPUs > 0)
+	check("5.13 read-only rootfs", h.ReadonlyRootfs)
+	check("5.18 no devices", len(h.Devices) == 0)
+	check("5.29 pids", h.PidsLimit != nil && *h.PidsLimit > 0)
+	nnp := false
+	for _, s := range h.SecurityOpt {
+		check("5.22 seccomp not unconfined", !strings.Contains(s, "unconfined"))
+		nnp = nnp || strings.HasPrefix(s, "no-new-privileges")
+	}
+	check("5.26 no-new-privileges", nnp)
+	check("init", h.Init != nil && *h.Init)
+	check("auto remove", h.AutoRemove)
+	check("log driver none", h.LogConfig.Type == "none")
+	check("labels", c.Labels[LabelInstance] == m.Instance() && c.Labels[LabelSandbox] == sb.ID() && c.Labels[LabelManaged] == "1")
+	check("workspace tmpfs", strings.Contains(h.Tmpfs["/workspace"], "size=67108864"))
+
+	// And from inside: the mounts are what inspect says.
+	out := string(sh(t, sb, "grep -E ' /workspace | /tmp | / ' /proc/mounts").Stdout)
+	for _, want := range []string{"/workspace tmpfs rw,nosuid,nodev", "/tmp tmpfs rw,nosuid,nodev"} {
+		check("mounts: "+want+" in "+out, strings.Contains(out, want))
+	}
+	check("rootfs read-only: "+out, strings.Contains(out, " / ") && strings.Contains(strings.SplitN(out[strings.Index(out, " / "):], "\n", 2)[0], " ro,"))
+}

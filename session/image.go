@@ -1,0 +1,128 @@
+package session
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+)
+
+// RuntimeImageRepo is the repository of runtime images: a base image with
+// the agent added.
+const RuntimeImageRepo = "sandbox-mcp-runtime"
+
+// RuntimeImage makes sure the runtime image for base and the agent binary at
+// agentPath exists, building it if needed, and returns its tag. The build
+// uses only local parts (the base image must be present; nothing is pulled),
+// and the tag is derived from the base image's id and the agent's digest, so
+// a new agent or a rebuilt base gives a new image and the old one stays
+// valid for servers still using it.
+func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath string) (string, error) {
+	info, err := cli.ImageInspect(ctx, base)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return "", fmt.Errorf("image %q is not on this engine, and nothing can be pulled: build the default image with `make image`, or name a local image with --image", base)
+		}
+		return "", fmt.Errorf("inspect image %q: %w", base, err)
+	}
+	agent, err := os.ReadFile(agentPath)
+	if err != nil {
+		return "", fmt.Errorf("read the agent binary: %w (build it with `make build`, or point --agent-bin at it)", err)
+	}
+	if !bytes.HasPrefix(agent, []byte("\x7fELF")) {
+		return "", fmt.Errorf("agent binary %s is not a Linux executable", agentPath)
+	}
+	sum := sha256.Sum256(agent)
+	agentDigest := hex.EncodeToString(sum[:])
+	key := sha256.Sum256([]byte(info.ID + "\x00" + agentDigest))
+	tag := RuntimeImageRepo + ":" + hex.EncodeToString(key[:])[:16]
+
+	if _, err := cli.ImageInspect(ctx, tag); err == nil {
+		return tag, nil
+	} else if !cerrdefs.IsNotFound(err) {
+		return "", fmt.Errorf("inspect image %q: %w", tag, err)
+	}
+
+	dockerfile := fmt.Sprintf("FROM %s\nCOPY agent %s\n", info.ID, AgentPath)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range []struct {
+		name string
+		mode int64
+		data []byte
+	}{{"Dockerfile", 0o644, []byte(dockerfile)}, {"agent", 0o755, agent}} {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.data)), Typeflag: tar.TypeReg}); err != nil {
+			return "", err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return "", err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return "", err
+	}
+	res, err := cli.ImageBuild(ctx, &buf, client.ImageBuildOptions{
+		Tags:        []string{tag},
+		Remove:      true,
+		ForceRemove: true,
+		PullParent:  false,
+		NetworkMode: "none",
+		Labels: map[string]string{
+			LabelManaged:            "1",
+			LabelRuntime:            "1",
+			LabelRuntime + ".base":  base,
+			LabelRuntime + ".agent": agentDigest,
+		},
+	})
+	if err != nil {
+		return "", fmt.Errorf("build runtime image from %q: %w", base, err)
+	}
+	defer res.Body.Close()
+	if err := buildError(res.Body); err != nil {
+		return "", fmt.Errorf("build runtime image from %q: %w", base, err)
+	}
+	if _, err := cli.ImageInspect(ctx, tag); err != nil {
+		return "", fmt.Errorf("runtime image %q missing after its build: %w", tag, err)
+	}
+	return tag, nil
+}
+
+// buildError reads a build's JSON message stream and returns the error it
+// reports, if any.
+func buildError(r io.Reader) error {
+	dec := json.NewDecoder(r)
+	var last []string
+	for {
+		var m struct {
+			Stream      string `json:"stream"`
+			Error       string `json:"error"`
+			ErrorDetail struct {
+				Message string `json:"message"`
+			} `json:"errorDetail"`
+		}
+		if err := dec.Decode(&m); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+		if s := strings.TrimSpace(m.Stream); s != "" {
+			last = append(last, s)
+			if len(last) > 5 {
+				last = last[1:]
+			}
+		}
+		if m.Error != "" {
+			return fmt.Errorf("%s (%s)", m.Error, strings.Join(last, "; "))
+		}
+	}
+}

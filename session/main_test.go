@@ -1,0 +1,123 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// agentBin is the agent built for this test run.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sandbox-mcp-session-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bins, err := testenv.Build(dir, false, false)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	agentBin = bins.Agent
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// testManager starts a Manager on the real engine with the busybox test
+// image and a unique instance id; every container it made must be gone when
+// the test ends.
+func testManager(t *testing.T, edit func(*Options)) *Manager {
+	t.Helper()
+	cli := testenv.Engine(t)
+	instance := "test-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(instance) > 60 {
+		instance = instance[:60]
+	}
+	instance += "-" + randomID("")[:6]
+	opts := Options{
+		Client:      cli,
+		Image:       testenv.TestImage(t),
+		AgentBinary: agentBin,
+		Policy:      policy.Default(),
+		StateDir:    t.TempDir(),
+		Instance:    instance,
+		Logger:      testLogger(t),
+	}
+	opts.Policy.Memory = 256 << 20
+	opts.Policy.MaxWorkspaceBytes = 64 << 20
+	if edit != nil {
+		edit(&opts)
+	}
+	m, err := NewManager(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("NewManager: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := m.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		left := testenv.Containers(t, cli, LabelInstance, instance)
+		testenv.RemoveLabelled(cli, LabelInstance, instance)
+		if len(left) > 0 {
+			t.Errorf("containers left behind after Close: %v", left)
+		}
+	})
+	return m
+}
+
+// testLogger logs to the test log while the test runs, and drops what
+// background goroutines log after it ended.
+func testLogger(t *testing.T) *slog.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct {
+	t    *testing.T
+	mu   sync.Mutex
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+// run executes argv in sb and fails the test if it cannot run.
+func run(t *testing.T, sb *Sandbox, argv ...string) ExecResult {
+	t.Helper()
+	res, err := sb.Exec(context.Background(), ExecRequest{Argv: argv, Cwd: ".", Timeout: 30 * time.Second, MaxOutput: 1 << 20})
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	return res
+}
+
+// sh runs a shell script in sb.
+func sh(t *testing.T, sb *Sandbox, script string) ExecResult {
+	t.Helper()
+	return run(t, sb, "sh", "-c", script)
+}

@@ -1,0 +1,477 @@
+// Package session runs one sandbox per MCP session: it creates the hardened
+// container at a session's first call, talks to the agent inside it over one
+// attach stream, and removes it when the session ends. It also sweeps what an
+// earlier server left behind and keeps snapshots in the state directory.
+//
+// Package session knows Docker and the agent protocol; it does not know MCP.
+// Callers key sandboxes by an opaque string of their own.
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// Defaults for Options' zero values.
+const (
+	DefaultLease        = 60 * time.Second
+	DefaultStartTimeout = 60 * time.Second
+	DefaultUID          = 1000
+	DefaultTmpBytes     = 64 << 20
+	DefaultNoFile       = 4096
+	// orphanGrace is how old a created-but-never-started container must be
+	// before the sweep takes it for orphaned (its server may be starting it).
+	orphanGrace = 2 * time.Minute
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Client is the engine client. Required.
+	Client *client.Client
+	// Image is the base image of every sandbox; it must exist locally.
+	Image string
+	// AgentBinary is the path of the static agent binary added to Image.
+	AgentBinary string
+	// Policy gives the limits, the read-only flag and the allowlist.
+	Policy policy.Policy
+	// Env is the NAME=VALUE list every sandbox gets (the operator's --env).
+	Env []string
+	// StateDir holds snapshots and the server's records. Required.
+	StateDir string
+	// Instance names this server in labels; "" picks a random one.
+	Instance string
+	// Runtime is the OCI runtime ("" for the engine default).
+	Runtime string
+	// Lease is how long an agent lives without hearing from the server; 0
+	// means DefaultLease.
+	Lease time.Duration
+	// StartTimeout bounds the start of a container; 0 means
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
+	// IdleTimeout removes the container of a sandbox unused this long; 0
+	// means never.
+	IdleTimeout time.Duration
+	// UID and GID are the sandbox user; 0 means DefaultUID.
+	UID, GID int
+	// TmpBytes is the size of /tmp; 0 means DefaultTmpBytes.
+	TmpBytes int64
+	// Logger receives the manager's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Manager owns every sandbox of one server.
+type Manager struct {
+	opts  Options
+	cli   *client.Client
+	log   *slog.Logger
+	image string // runtime image
+	snaps *SnapshotStore
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background work: removals, reaper, pings
+
+	mu     sync.Mutex
+	byKey  map[string]*Sandbox
+	byID   map[string]*Sandbox
+	closed bool
+}
+
+// NewManager checks the engine and the image, builds the runtime image if
+// needed, sweeps what earlier servers left behind, and returns a Manager.
+func NewManager(ctx context.Context, opts Options) (*Manager, error) {
+	if opts.Client == nil {
+		return nil, errors.New("session: Options.Client is required")
+	}
+	if opts.StateDir == "" {
+		return nil, errors.New("session: Options.StateDir is required")
+	}
+	if err := opts.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Instance == "" {
+		opts.Instance = randomID("srv-")
+	}
+	if opts.Lease <= 0 {
+		opts.Lease = DefaultLease
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
+	if opts.UID == 0 {
+		opts.UID, opts.GID = DefaultUID, DefaultUID
+	}
+	if opts.TmpBytes == 0 {
+		opts.TmpBytes = DefaultTmpBytes
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	snaps, err := OpenSnapshotStore(filepath.Join(opts.StateDir, "snapshots"))
+	if err != nil {
+		return nil, err
+	}
+	img, err := RuntimeImage(ctx, opts.Client, opts.Image, opts.AgentBinary)
+	if err != nil {
+		return nil, err
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		opts:   opts,
+		cli:    opts.Client,
+		log:    log.With("instance", opts.Instance),
+		image:  img,
+		snaps:  snaps,
+		ctx:    mctx,
+		cancel: cancel,
+		byKey:  make(map[string]*Sandbox),
+		byID:   make(map[string]*Sandbox),
+	}
+	if _, err := m.Sweep(ctx); err != nil {
+		m.log.Warn("session: sweep of leftovers failed", "err", err)
+	}
+	if opts.IdleTimeout > 0 {
+		m.wg.Add(1)
+		go m.reapLoop()
+	}
+	m.log.Info("session: ready", "image", opts.Image, "runtime_image", img)
+	return m, nil
+}
+
+// Instance returns the server instance id used in labels.
+func (m *Manager) Instance() string { return m.opts.Instance }
+
+// RuntimeImage returns the tag of the image sandboxes run.
+func (m *Manager) RuntimeImage() string { return m.image }
+
+// Snapshots returns the snapshot store.
+func (m *Manager) Snapshots() *SnapshotStore { return m.snaps }
+
+// Sandbox returns the sandbox for key, making a record for it on first use.
+// The container starts at the sandbox's first call. owner is the caller the
+// sandbox belongs to ("" on stdio).
+func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, errorf(policy.Unavailable, "the server is shutting down")
+	}
+	if s := m.byKey[key]; s != nil {
+		return s, nil
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	s := &Sandbox{
+		m:      m,
+		id:     randomID("sb-"),
+		owner:  owner,
+		ctx:    ctx,
+		cancel: cancel,
+		execs:  make(chan struct{}, m.opts.Policy.MaxExecs),
+	}
+	s.lastUsed.Store(time.Now().UnixNano())
+	m.byKey[key] = s
+	m.byID[s.id] = s
+	return s, nil
+}
+
+// Lookup finds a sandbox by id for owner. Another owner's sandbox is not
+// found.
+func (m *Manager) Lookup(id, owner string) (*Sandbox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.byID[id]
+	if s == nil || s.owner != owner {
+		return nil, false
+	}
+	return s, true
+}
+
+// Count returns the number of sandboxes.
+func (m *Manager) Count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.byKey)
+}
+
+// Release removes the sandbox for key: its calls end and its container is
+// removed before Release returns.
+func (m *Manager) Release(key string) {
+	m.mu.Lock()
+	s := m.byKey[key]
+	delete(m.byKey, key)
+	m.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.close()
+	m.mu.Lock()
+	delete(m.byID, s.id)
+	m.mu.Unlock()
+}
+
+// Close removes every sandbox (waiting for removals already under way) and
+// stops background work.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true
+	all := make([]*Sandbox, 0, len(m.byID))
+	for _, s := range m.byID {
+		all = append(all, s)
+	}
+	clear(m.byKey)
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		var wg sync.WaitGroup
+		for _, s := range all {
+			wg.Go(s.close)
+		}
+		wg.Wait()
+		m.cancel()
+		m.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// labels returns the labels of a sandbox's engine objects.
+func (m *Manager) labels(s *Sandbox) map[string]string {
+	return map[string]string{
+		LabelManaged:  "1",
+		LabelInstance: m.opts.Instance,
+		LabelSandbox:  s.id,
+		LabelCreated:  time.Now().UTC().Format(time.RFC3339),
+	}
+}
+
+// startInstance creates, attaches and starts a container for s and waits
+// for its agent. On failure nothing is left behind.
+func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance, err error) {
+	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
+	defer cancel()
+	s.gen++
+	name := fmt.Sprintf("sandbox-mcp-%s-%d", s.id, s.gen)
+	p := m.opts.Policy
+	spec := ContainerSpec(ContainerParams{
+		Name:              name,
+		Image:             m.image,
+		Labels:            m.labels(s),
+		UID:               m.opts.UID,
+		GID:               m.opts.GID,
+		Env:               m.sandboxEnv(),
+		WorkspaceBytes:    p.MaxWorkspaceBytes,
+		WorkspaceReadOnly: p.ReadOnly,
+		TmpBytes:          m.opts.TmpBytes,
+		Memory:            p.Memory,
+		NanoCPUs:          int64(p.CPUs * 1e9),
+		Pids:              p.Pids,
+		NoFile:            DefaultNoFile,
+		Network:           "none",
+		Runtime:           m.opts.Runtime,
+	})
+	start := time.Now()
+	created, err := m.cli.ContainerCreate(ctx, spec)
+	if err != nil {
+		return nil, engineError("create the sandbox container", err)
+	}
+	inst = &instance{containerID: created.ID, name: name, quiet: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			m.removeInstance(inst)
+		}
+	}()
+	att, err := m.cli.ContainerAttach(ctx, created.ID, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		return inst, engineError("attach to the sandbox container", err)
+	}
+	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+		att.Close()
+		return inst, engineError("start the sandbox container", err)
+	}
+	log := m.log.With("sandbox", s.id, "container", created.ID[:12])
+	c, err := newConn(ctx, att.Reader, att.Conn, att.Conn, m.opts.Lease, log)
+	if err != nil {
+		return inst, errorf(policy.Unavailable, "the sandbox's agent did not start: %v", err)
+	}
+	inst.conn = c
+	if m.opts.Policy.NeedsResolve() {
+		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
+		if err != nil {
+			return inst, fmt.Errorf("resolve the command allowlist: %w", err)
+		}
+		inst.allowed = make(map[string]string)
+		for i, p := range paths {
+			if p == "" {
+				log.Warn("session: allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
+				continue
+			}
+			inst.allowed[p] = m.opts.Policy.AllowCmds[i]
+		}
+	}
+	m.wg.Add(1)
+	go m.keepAlive(inst, log)
+	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent_pid", c.hello.PID)
+	return inst, nil
+}
+
+// sandboxEnv is the environment every sandbox container gets. Nothing else
+// of the server's environment enters a sandbox.
+func (m *Manager) sandboxEnv() []string {
+	env := []string{"HOME=/tmp"}
+	return append(env, m.opts.Env...)
+}
+
+// keepAlive pings the agent while the instance lives, so the agent's lease
+// does not run out, and ends an instance whose agent stops answering. When
+// the connection ends for any reason, the container is removed.
+func (m *Manager) keepAlive(inst *instance, log *slog.Logger) {
+	defer m.wg.Done()
+	every := max(m.opts.Lease/4, 100*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	quiet := inst.quiet
+	for {
+		select {
+		case <-inst.conn.dead:
+			m.removeInstance(inst)
+			return
+		case <-m.ctx.Done():
+			return
+		case <-quiet:
+			t.Stop()
+			quiet = nil
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(m.ctx, max(m.opts.Lease/2, time.Second))
+			err := inst.conn.ping(ctx)
+			cancel()
+			if err != nil && m.ctx.Err() == nil {
+				inst.conn.fail(fmt.Errorf("the agent stopped answering: %w", err))
+			}
+		}
+	}
+}
+
+// stopKeepAlive stops an instance's heartbeats, as a frozen server would.
+func (m *Manager) stopKeepAlive(inst *instance) { close(inst.quiet) }
+
+// removeInstance ends an instance's connection and removes its container,
+// waiting until the engine has let go of it.
+func (m *Manager) removeInstance(inst *instance) {
+	if inst.conn != nil {
+		inst.conn.fail(errors.New("the sandbox was removed"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := removeContainer(ctx, m.cli, inst.containerID); err != nil {
+		m.log.Warn("session: remove container", "container", inst.containerID, "err", err)
+	}
+}
+
+// reapLoop removes the containers of idle sandboxes.
+func (m *Manager) reapLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(max(m.opts.IdleTimeout/10, 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case now := <-t.C:
+			m.mu.Lock()
+			all := slices.Collect(func(yield func(*Sandbox) bool) {
+				for _, s := range m.byKey {
+					if !yield(s) {
+						return
+					}
+				}
+			})
+			m.mu.Unlock()
+			for _, s := range all {
+				if s.idleFor(now) >= m.opts.IdleTimeout {
+					s.reapIdle(m.opts.IdleTimeout)
+				}
+			}
+		}
+	}
+}
+
+// Sweep removes sandbox containers that are provably orphaned: stopped ones
+// (a running sandbox's agent ends, and its container is removed, as soon as
+// its server lets go of the stream), and ones created but never started
+// long ago. It never touches a running container: that belongs to a live
+// server beside this one. It returns the number removed.
+func (m *Manager) Sweep(ctx context.Context) (int, error) {
+	list, err := m.cli.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", LabelManaged+"=1"),
+	})
+	if err != nil {
+		return 0, engineError("list containers", err)
+	}
+	n := 0
+	now := time.Now()
+	for _, c := range list.Items {
+		if !orphaned(string(c.State), time.Unix(c.Created, 0), now) {
+			continue
+		}
+		if err := removeContainer(ctx, m.cli, c.ID); err != nil {
+			m.log.Warn("session: sweep: remove container", "container", c.ID, "err", err)
+			continue
+		}
+		n++
+		m.log.Info("session: swept orphaned container", "container", c.ID[:12], "state", c.State,
+			"sandbox", c.Labels[LabelSandbox], "instance", c.Labels[LabelInstance])
+	}
+	return n, nil
+}
+
+// orphaned decides whether a labelled container in the given state, made at
+// created, is left over from a server that is gone.
+func orphaned(state string, created, now time.Time) bool {
+	switch state {
+	case "exited", "dead":
+		return true
+	case "created":
+		return now.Sub(created) > orphanGrace
+	}
+	return false // running, paused, restarting, removing: a live server's
+}
+
+func randomID(prefix string) string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// isGone reports an engine error that means the object no longer exists.
+func isGone(err error) bool { return cerrdefs.IsNotFound(err) }
+
+// engineError reports an engine failure as UNAVAILABLE, saying whether
+// retrying helps.
+func engineError(what string, err error) error {
+	if client.IsErrConnectionFailed(err) {
+		return errorf(policy.Unavailable, "cannot %s: the Docker engine is not reachable (%v); retrying will not help until it is back", what, err)
+	}
+	return errorf(policy.Unavailable, "cannot %s: %v; retrying may help if this was a passing engine fault", what, err)
+}
