@@ -1,0 +1,160 @@
+package tools
+
+import (
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// Tool names (fixed by the contract).
+const (
+	NameExec      = "sandbox_exec"
+	NameReadFile  = "sandbox_read_file"
+	NameWriteFile = "sandbox_write_file"
+	NameList      = "sandbox_list"
+	NameSnapshot  = "sandbox_snapshot"
+)
+
+// Tool is one tool as data: its definition and how to add it to a server.
+type Tool struct {
+	Def *mcp.Tool
+	add func(*mcp.Server, *mcp.Tool)
+}
+
+// All returns every tool, bound to d.
+func All(d *Deps) []Tool {
+	return []Tool{
+		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
+		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
+		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
+		tool(listDef(), wrap(d, NameList, d.list)),
+		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
+	}
+}
+
+func tool[In, Out any](def *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) Tool {
+	return Tool{Def: def, add: func(s *mcp.Server, t *mcp.Tool) { mcp.AddTool(s, t, h) }}
+}
+
+// Register adds every tool and resource to s.
+func Register(s *mcp.Server, d *Deps) {
+	for _, t := range All(d) {
+		t.add(s, t.Def)
+	}
+	registerResources(s, d)
+	s.AddReceivingMiddleware(codeErrors)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func execDef(p policy.Policy) *mcp.Tool {
+	desc := "Run a program in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
+		"argv is the program and its arguments, not a shell line: use [\"bash\", \"-c\", \"...\"] for pipes and redirection. " +
+		"The working directory is /workspace (or cwd, relative to it); files persist between calls for the session's life. " +
+		"A non-zero exit code is a normal result. A command that runs past timeout_ms is killed with every process it started and returns its partial output with timed_out set. " +
+		"Output beyond the cap is dropped (stdout_truncated / stderr_truncated)."
+	switch p.Exec {
+	case policy.ExecAllowlist:
+		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."
+	case policy.ExecDeny:
+		desc += " This server does not run commands; every call is refused."
+	}
+	return &mcp.Tool{
+		Name:         NameExec,
+		Title:        "Run a command in the sandbox",
+		Description:  desc,
+		InputSchema:  execInputSchema(p),
+		OutputSchema: outputSchema[ExecOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Run a command in the sandbox",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(true),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(p.Network != policy.NetworkNone),
+		},
+	}
+}
+
+func readDef() *mcp.Tool {
+	return &mcp.Tool{
+		Name:  NameReadFile,
+		Title: "Read a file from the sandbox",
+		Description: "Read a file from the sandbox's workspace (/workspace). Paths are relative to /workspace. " +
+			"Text comes back as utf-8, other bytes as base64 (see encoding). Large files: read a range with offset and length; truncated says the cap cut the read. " +
+			"PNG, JPEG, GIF and WebP files also come back as an image you can look at.",
+		InputSchema:  inputSchema[ReadIn](nil),
+		OutputSchema: outputSchema[ReadOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:         "Read a file from the sandbox",
+			ReadOnlyHint:  true,
+			OpenWorldHint: ptr(false),
+		},
+	}
+}
+
+func writeDef(p policy.Policy) *mcp.Tool {
+	desc := "Write a file in the sandbox's workspace (/workspace), creating missing directories. " +
+		"content is utf-8 text, or base64 with encoding \"base64\". The write replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is an octal string such as \"0755\"."
+	if p.ReadOnly {
+		desc += " This server's workspace is read-only: every write is refused."
+	}
+	return &mcp.Tool{
+		Name:         NameWriteFile,
+		Title:        "Write a file in the sandbox",
+		Description:  desc,
+		InputSchema:  inputSchema[WriteIn](writeSchemaEdit),
+		OutputSchema: outputSchema[WriteOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Write a file in the sandbox",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(true),
+			IdempotentHint:  true,
+			OpenWorldHint:   ptr(false),
+		},
+	}
+}
+
+func listDef() *mcp.Tool {
+	return &mcp.Tool{
+		Name:  NameList,
+		Title: "List files in the sandbox",
+		Description: "List a directory of the sandbox's workspace (/workspace), or everything under it with recursive=true. " +
+			"Entry paths are relative to /workspace. Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
+		InputSchema:  inputSchema[ListIn](listSchemaEdit),
+		OutputSchema: outputSchema[ListOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:         "List files in the sandbox",
+			ReadOnlyHint:  true,
+			OpenWorldHint: ptr(false),
+		},
+	}
+}
+
+func snapshotDef() *mcp.Tool {
+	return &mcp.Tool{
+		Name:  NameSnapshot,
+		Title: "Snapshot the sandbox's workspace",
+		Description: "Save the whole workspace (/workspace) as a tar archive on the server. The snapshot outlives the session; " +
+			"it is readable as the MCP resource at uri. It keeps files only, not running processes.",
+		InputSchema:  inputSchema[SnapshotIn](nil),
+		OutputSchema: outputSchema[SnapshotOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Snapshot the sandbox's workspace",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(false),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(false),
+		},
+	}
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ", "
+		}
+		out += v
+	}
+	return out
+}

@@ -1,0 +1,194 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+)
+
+// ExecIn is sandbox_exec's input.
+type ExecIn struct {
+	Argv      []string          `json:"argv" jsonschema:"The program and its arguments. argv[0] is looked up on the sandbox's PATH, or is a path relative to cwd. No shell is involved unless you run one."`
+	Cwd       string            `json:"cwd,omitempty" jsonschema:"Working directory, relative to /workspace. Default: the workspace root."`
+	Env       map[string]string `json:"env,omitempty" jsonschema:"Extra environment variables for the command."`
+	Stdin     string            `json:"stdin,omitempty" jsonschema:"Text fed to the command's standard input. Default: empty."`
+	TimeoutMS int64             `json:"timeout_ms,omitempty" jsonschema:"Kill the command (and everything it started) after this many milliseconds."`
+	Sandbox   string            `json:"sandbox,omitempty" jsonschema:"Sandbox id to run in. Default: this session's sandbox."`
+}
+
+// ExecOut is sandbox_exec's output.
+type ExecOut struct {
+	Sandbox         string `json:"sandbox" jsonschema:"The sandbox the command ran in."`
+	ExitCode        int    `json:"exit_code" jsonschema:"The command's exit code; 128+N when a signal N ended it."`
+	Stdout          string `json:"stdout" jsonschema:"Standard output, up to the cap. Bytes that are not UTF-8 are replaced with U+FFFD."`
+	Stderr          string `json:"stderr" jsonschema:"Standard error, up to the cap. Bytes that are not UTF-8 are replaced with U+FFFD."`
+	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"True when stdout was longer than the cap and the rest was dropped."`
+	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when stderr was longer than the cap and the rest was dropped."`
+	TimedOut        bool   `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
+	DurationMS      int64  `json:"duration_ms" jsonschema:"How long the command ran, in milliseconds."`
+}
+
+func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+	var out ExecOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
+	p := d.Policy
+	if dec := p.CanExec(); !dec.Allow {
+		return nil, out, denied(dec)
+	}
+	if dec := policy.CheckArgv(in.Argv); !dec.Allow {
+		return nil, out, denied(dec)
+	}
+	env, dec := policy.CheckEnv(in.Env)
+	if !dec.Allow {
+		return nil, out, denied(dec)
+	}
+	cwd, dec := policy.WorkspacePath(in.Cwd)
+	if !dec.Allow {
+		return nil, out, denied(dec)
+	}
+	timeout, dec := p.ExecTimeoutFor(in.TimeoutMS)
+	if !dec.Allow {
+		return nil, out, denied(dec)
+	}
+	program := ""
+	if p.NeedsResolve() {
+		resolved, err := sb.Resolve(ctx, in.Argv[:1], cwd)
+		if err != nil {
+			return nil, out, err
+		}
+		allowed, err := sb.AllowedPrograms(ctx)
+		if err != nil {
+			return nil, out, err
+		}
+		if dec := p.CheckProgram(in.Argv[0], resolved[0], allowed); !dec.Allow {
+			return nil, out, denied(dec)
+		}
+		program = resolved[0]
+	}
+	var stdin []byte
+	if in.Stdin != "" {
+		stdin = []byte(in.Stdin)
+	}
+	req := session.ExecRequest{
+		Argv: in.Argv, Program: program, Cwd: cwd, Env: env, Stdin: stdin,
+		Timeout: timeout, MaxOutput: p.MaxOutputBytes,
+	}
+	if tok := c.req.Params.GetProgressToken(); tok != nil {
+		req.OnOutput = newProgress(ctx, c.req.Session, tok).output
+	}
+	res, err := sb.Exec(ctx, req)
+	if err != nil {
+		return nil, out, err
+	}
+	out.ExitCode = res.ExitCode
+	out.Stdout = toText(res.Stdout)
+	out.Stderr = toText(res.Stderr)
+	out.StdoutTruncated = res.StdoutTruncated
+	out.StderrTruncated = res.StderrTruncated
+	out.TimedOut = res.TimedOut
+	out.DurationMS = res.Duration.Milliseconds()
+	c.exit = &out.ExitCode
+	c.bytes = int64(len(res.Stdout) + len(res.Stderr))
+
+	text := renderExec(out, timeout, p.MaxOutputBytes, res)
+	return &mcp.CallToolResult{
+		Content: []mcp.Content{&mcp.TextContent{Text: text}},
+		IsError: out.TimedOut,
+	}, out, nil
+}
+
+// toText returns output as valid UTF-8, replacing invalid bytes.
+func toText(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// renderExec is the text a model reads.
+func renderExec(out ExecOut, timeout time.Duration, maxOut int64, res session.ExecResult) string {
+	var b strings.Builder
+	if out.TimedOut {
+		fmt.Fprintf(&b, "%s: the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work in the background.\n",
+			policy.Timeout, timeout)
+	} else {
+		fmt.Fprintf(&b, "exit code %d (%d ms)\n", out.ExitCode, out.DurationMS)
+	}
+	section := func(name, s string, truncated bool, raw []byte) {
+		if s == "" && !truncated {
+			return
+		}
+		fmt.Fprintf(&b, "--- %s ---\n%s", name, s)
+		if s != "" && !strings.HasSuffix(s, "\n") {
+			b.WriteByte('\n')
+		}
+		if truncated {
+			fmt.Fprintf(&b, "[%s truncated at %d bytes: the rest was dropped; redirect it to a file and read that in parts]\n", name, maxOut)
+		}
+		if !utf8.Valid(raw) {
+			fmt.Fprintf(&b, "[%s was not valid UTF-8; invalid bytes are shown as U+FFFD. Redirect it to a file and read that for the exact bytes (base64)]\n", name)
+		}
+	}
+	section("stdout", out.Stdout, out.StdoutTruncated, res.Stdout)
+	section("stderr", out.Stderr, out.StderrTruncated, res.Stderr)
+	return b.String()
+}
+
+// progress sends a command's output as progress notifications, at most
+// every progressEvery and at most progressChunk bytes each; what is left
+// over is dropped (the result carries all of it).
+type progress struct {
+	ctx   context.Context
+	ss    *mcp.ServerSession
+	token any
+
+	mu   sync.Mutex
+	last time.Time
+	sent float64
+	buf  []byte
+}
+
+const (
+	progressEvery = 200 * time.Millisecond
+	progressChunk = 4 << 10
+)
+
+func newProgress(ctx context.Context, ss *mcp.ServerSession, token any) *progress {
+	return &progress{ctx: ctx, ss: ss, token: token}
+}
+
+func (p *progress) output(stream string, chunk []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.buf) < progressChunk {
+		p.buf = append(p.buf, chunk[:min(len(chunk), progressChunk-len(p.buf))]...)
+	}
+	now := time.Now()
+	if now.Sub(p.last) < progressEvery {
+		return
+	}
+	p.last = now
+	p.sent += float64(len(p.buf))
+	msg := toText(p.buf)
+	p.buf = p.buf[:0]
+	if p.ss == nil {
+		return
+	}
+	_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{
+		ProgressToken: p.token,
+		Progress:      p.sent,
+		Message:       stream + ": " + msg,
+	})
+}

@@ -1,0 +1,98 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+)
+
+// Resource addresses.
+const (
+	PolicyURI           = "sandbox://policy"
+	SnapshotURIPrefix   = "sandbox://snapshots/"
+	SnapshotURITemplate = SnapshotURIPrefix + "{id}"
+)
+
+// PolicyView is the effective policy as the sandbox://policy resource shows
+// it. Durations are in milliseconds; secrets never appear.
+type PolicyView struct {
+	policy.Policy
+	ExecTimeoutMS    int64    `json:"exec_timeout_ms"`
+	MaxExecTimeoutMS int64    `json:"max_exec_timeout_ms"`
+	Image            string   `json:"image,omitempty"`
+	EnvNames         []string `json:"env,omitempty"`
+}
+
+// ViewOf returns the resource view of p.
+func ViewOf(p policy.Policy, image string, env []string) PolicyView {
+	v := PolicyView{Policy: p, ExecTimeoutMS: p.ExecTimeout.Milliseconds(), MaxExecTimeoutMS: p.MaxExecTimeout.Milliseconds(), Image: image}
+	for _, e := range env {
+		name, _, _ := strings.Cut(e, "=")
+		v.EnvNames = append(v.EnvNames, name)
+	}
+	return v
+}
+
+func registerResources(s *mcp.Server, d *Deps) {
+	m := d.Sessions.Manager()
+	s.AddResource(&mcp.Resource{
+		URI:         PolicyURI,
+		Name:        "policy",
+		Title:       "Effective sandbox policy",
+		Description: "What this server lets a sandbox do: exec mode and allowlist, read-only workspace, size caps, timeouts, limits, network.",
+		MIMEType:    "application/json",
+	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		b, err := json.MarshalIndent(d.PolicyView, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: PolicyURI, MIMEType: "application/json", Text: string(b)}}}, nil
+	})
+	s.AddResourceTemplate(&mcp.ResourceTemplate{
+		URITemplate: SnapshotURITemplate,
+		Name:        "snapshot",
+		Title:       "Workspace snapshot",
+		Description: "A snapshot made by sandbox_snapshot: its record (JSON) and, when it fits the server's file cap, the tar archive itself.",
+		MIMEType:    "application/x-tar",
+	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		uri := req.Params.URI
+		id, ok := strings.CutPrefix(uri, SnapshotURIPrefix)
+		owner := ""
+		if d.Sessions.OwnerOf != nil {
+			owner = d.Sessions.OwnerOf(req.Extra)
+		}
+		if !ok {
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
+		info, f, err := m.Snapshots().Open(id)
+		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
+			if f != nil {
+				f.Close()
+			}
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		meta, err := json.MarshalIndent(info, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		contents := []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(meta)}}
+		if info.SizeBytes <= d.Policy.MaxFileBytes {
+			data, err := io.ReadAll(io.LimitReader(f, d.Policy.MaxFileBytes+1))
+			if err != nil {
+				return nil, err
+			}
+			contents = append(contents, &mcp.ResourceContents{URI: uri, MIMEType: "application/x-tar", Blob: data})
+		}
+		return &mcp.ReadResourceResult{Contents: contents}, nil
+	})
+}

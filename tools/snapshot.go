@@ -1,0 +1,46 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// SnapshotIn is sandbox_snapshot's input.
+type SnapshotIn struct {
+	Label   string `json:"label,omitempty" jsonschema:"A note to remember the snapshot by."`
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox id to snapshot. Default: this session's sandbox."`
+}
+
+// SnapshotOut is sandbox_snapshot's output.
+type SnapshotOut struct {
+	Sandbox   string `json:"sandbox" jsonschema:"The sandbox whose workspace was saved."`
+	ID        string `json:"id" jsonschema:"The snapshot's id."`
+	Label     string `json:"label" jsonschema:"The label given."`
+	CreatedAt string `json:"created_at" jsonschema:"When the snapshot was made, RFC 3339."`
+	SizeBytes int64  `json:"size_bytes" jsonschema:"Size of the tar archive in bytes."`
+	Files     int    `json:"files" jsonschema:"Number of entries (files, directories, symlinks) in the archive."`
+	SHA256    string `json:"sha256" jsonschema:"SHA-256 of the tar archive, hex."`
+	URI       string `json:"uri" jsonschema:"MCP resource to read the snapshot from."`
+}
+
+func (d *Deps) snapshot(ctx context.Context, c *call, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
+	var out SnapshotOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
+	info, err := sb.Snapshot(ctx, in.Label)
+	if err != nil {
+		return nil, out, err
+	}
+	out.ID, out.Label = info.ID, info.Label
+	out.CreatedAt = info.CreatedAt.UTC().Format(time.RFC3339Nano)
+	out.SizeBytes, out.Files, out.SHA256, out.URI = info.SizeBytes, info.Files, info.SHA256, info.URI()
+	c.bytes = info.SizeBytes
+	return textResult(fmt.Sprintf("snapshot %s: %d entries, %d bytes, sha256 %s; read it at %s",
+		info.ID, info.Files, info.SizeBytes, info.SHA256, info.URI())), out, nil
+}

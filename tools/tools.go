@@ -1,0 +1,255 @@
+// Package tools defines sandbox-mcp's MCP tools and resources: typed inputs
+// and outputs, schemas, annotations, and handlers that decode, ask policy,
+// call session, and render. It knows the session package's API, not Docker's.
+//
+// Errors follow one rule. A failure the model can act on is a tool result
+// with isError set and a text that starts with one of the contract's codes
+// (policy.Code), then a colon, then what was wrong and what to do. A fault
+// the model cannot act on is a JSON-RPC internal error, and its detail goes
+// to the server log only.
+package tools
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+)
+
+// Deps is what the tools need from the server.
+type Deps struct {
+	Policy policy.Policy
+	// PolicyView is what the sandbox://policy resource shows.
+	PolicyView PolicyView
+	Sessions   *Sessions
+	Logger     *slog.Logger
+	// Audit, if set, receives one record per tool call.
+	Audit func(Record)
+}
+
+// Record describes one tool call, for the log and the audit log.
+type Record struct {
+	Time      time.Time `json:"time"`
+	Caller    string    `json:"caller,omitempty"`
+	Session   string    `json:"session,omitempty"`
+	Sandbox   string    `json:"sandbox,omitempty"`
+	Tool      string    `json:"tool"`
+	ArgDigest string    `json:"arg_digest"`
+	Decision  string    `json:"decision"` // allow or deny
+	Reason    string    `json:"reason,omitempty"`
+	ExitCode  *int      `json:"exit_code,omitempty"`
+	Bytes     int64     `json:"bytes"`
+	Duration  float64   `json:"duration_ms"`
+}
+
+// toolError is a failure the model can act on. Its text is "CODE: message".
+type toolError struct {
+	code policy.Code
+	msg  string
+}
+
+func (e *toolError) Error() string { return string(e.code) + ": " + e.msg }
+
+func denied(d policy.Decision) error { return &toolError{code: d.Code, msg: d.Reason} }
+
+// call is the state of one tool call, filled in by its handler and logged
+// by the wrapper.
+type call struct {
+	req     *mcp.CallToolRequest
+	sandbox string
+	bytes   int64
+	exit    *int
+}
+
+// handler is a tool's logic: decode is done by the SDK; it asks policy,
+// calls session and returns the output (and, rarely, a result of its own to
+// carry content or isError beside the output).
+type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error)
+
+// wrap turns a handler into an SDK handler that logs one record per call,
+// feeds the audit log, and sorts errors into tool errors and protocol errors.
+func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		start := time.Now()
+		c := &call{req: req}
+		res, out, err := h(ctx, c, in)
+		rec := Record{
+			Time:      start.UTC(),
+			Caller:    d.Sessions.Owner(req),
+			Session:   sessionID(req),
+			Sandbox:   c.sandbox,
+			Tool:      name,
+			ArgDigest: digest(req.Params.Arguments),
+			Decision:  "allow",
+			ExitCode:  c.exit,
+			Bytes:     c.bytes,
+			Duration:  float64(time.Since(start).Microseconds()) / 1000,
+		}
+		var te *toolError
+		var se *session.Error
+		switch {
+		case err == nil:
+			if res != nil && res.IsError {
+				rec.Reason = "timed out"
+			}
+		case errors.As(err, &te):
+			rec.Decision, rec.Reason = "deny", err.Error()
+		case errors.As(err, &se):
+			rec.Decision, rec.Reason = "deny", err.Error()
+			err = &toolError{code: se.Code, msg: se.Message}
+		case ctx.Err() != nil:
+			rec.Decision, rec.Reason = "deny", "cancelled"
+		default:
+			rec.Decision, rec.Reason = "deny", "internal error"
+			d.Logger.Error("tool call failed", "tool", name, "sandbox", c.sandbox, "err", err)
+			err = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "sandbox-mcp: internal error; the server log has the detail"}
+		}
+		attrs := []any{"tool", name, "session", rec.Session, "sandbox", rec.Sandbox, "decision", rec.Decision,
+			"duration_ms", rec.Duration, "bytes", rec.Bytes}
+		if rec.ExitCode != nil {
+			attrs = append(attrs, "exit_code", *rec.ExitCode)
+		}
+		if rec.Reason != "" {
+			attrs = append(attrs, "reason", rec.Reason)
+		}
+		d.Logger.Info("tool call", attrs...)
+		if d.Audit != nil {
+			d.Audit(rec)
+		}
+		return res, out, err
+	}
+}
+
+// sessionID names the MCP session for logs: its id over HTTP, "stdio"
+// otherwise.
+func sessionID(req *mcp.CallToolRequest) string {
+	if req.Session == nil {
+		return ""
+	}
+	if id := req.Session.ID(); id != "" {
+		return id
+	}
+	return "stdio"
+}
+
+// digest is a short SHA-256 of a call's arguments: enough to match an audit
+// record with a call, without storing secrets.
+func digest(args json.RawMessage) string {
+	sum := sha256.Sum256(args)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
+// Sessions maps MCP sessions to sandboxes. It is the only place that knows
+// both: session keys are opaque strings to package session.
+type Sessions struct {
+	m *session.Manager
+	// OwnerOf names the caller of a request ("" when there is no
+	// authentication, as on stdio). Nil means "".
+	OwnerOf func(*mcp.RequestExtra) string
+
+	mu   sync.Mutex
+	keys map[*mcp.ServerSession]string
+}
+
+// NewSessions returns a Sessions over m.
+func NewSessions(m *session.Manager) *Sessions {
+	return &Sessions{m: m, keys: make(map[*mcp.ServerSession]string)}
+}
+
+// Manager returns the session manager.
+func (s *Sessions) Manager() *session.Manager { return s.m }
+
+// Owner names the caller of a tool call.
+func (s *Sessions) Owner(req *mcp.CallToolRequest) string {
+	if s.OwnerOf == nil {
+		return ""
+	}
+	return s.OwnerOf(req.Extra)
+}
+
+// key returns the sandbox key of an MCP session, and on first sight starts
+// watching the session so its sandbox is removed when it ends.
+func (s *Sessions) key(ss *mcp.ServerSession) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k, ok := s.keys[ss]; ok {
+		return k
+	}
+	k := fmt.Sprintf("mcp-%p", ss)
+	if id := ss.ID(); id != "" {
+		k = "mcp-" + id
+	}
+	s.keys[ss] = k
+	go func() {
+		_ = ss.Wait()
+		s.m.Release(k)
+		s.mu.Lock()
+		delete(s.keys, ss)
+		s.mu.Unlock()
+	}()
+	return k
+}
+
+// KeyOf returns the sandbox key of an HTTP session id (see key).
+func KeyOf(sessionID string) string { return "mcp-" + sessionID }
+
+// sandbox returns the sandbox a call runs in: the session's own, or the one
+// the call names in its sandbox argument, which must belong to the same
+// caller.
+func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
+	owner := s.Owner(c.req)
+	if c.req.Session == nil {
+		return nil, errors.New("tools: call without a session")
+	}
+	own, err := s.m.Sandbox(s.key(c.req.Session), owner)
+	if err != nil {
+		return nil, err
+	}
+	if named == "" || named == own.ID() {
+		c.sandbox = own.ID()
+		return own, nil
+	}
+	sb, ok := s.m.Lookup(named, owner)
+	if !ok {
+		return nil, &toolError{code: policy.NotFound, msg: fmt.Sprintf(
+			"no sandbox %q belongs to you; omit \"sandbox\" to use this session's sandbox (%s)", named, own.ID())}
+	}
+	c.sandbox = sb.ID()
+	return sb, nil
+}
+
+// codeErrors makes every failed tool result start with a code: the SDK
+// validates arguments against the input schema before a handler runs, and
+// its messages have none. Those are INVALID_ARGUMENT.
+func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if r, ok := res.(*mcp.CallToolResult); ok && err == nil && r.IsError && len(r.Content) > 0 {
+			if tc, ok := r.Content[0].(*mcp.TextContent); ok && !hasCode(tc.Text) {
+				tc.Text = string(policy.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
+			}
+		}
+		return res, err
+	}
+}
+
+func hasCode(s string) bool {
+	for _, c := range policy.Codes {
+		if strings.HasPrefix(s, string(c)+": ") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,141 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// listTools returns the tools exactly as a client sees them.
+func listTools(t *testing.T, p policy.Policy) []*mcp.Tool {
+	t.Helper()
+	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
+	Register(s, &Deps{Policy: p, Sessions: NewSessions(nil), Logger: slog.New(slog.DiscardHandler)})
+	st, ct := mcp.NewInMemoryTransports()
+	ctx := context.Background()
+	ss, err := s.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Tools
+}
+
+// TestGolden keeps each tool's definition (description, annotations, input
+// and output schemas) in a golden file, so a schema change shows in review.
+// Run `go test ./tools -run TestGolden -update` to accept a change.
+func TestGolden(t *testing.T) {
+	for _, tool := range listTools(t, policy.Default()) {
+		got, err := json.MarshalIndent(tool, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, '\n')
+		path := filepath.Join("testdata", tool.Name+".golden.json")
+		if *update {
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run with -update to create it)", err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s changed; if that is intended, run `go test ./tools -run TestGolden -update` and review the diff\n--- got\n%s", tool.Name, got)
+		}
+	}
+}
+
+func TestToolsAsData(t *testing.T) {
+	tools := listTools(t, policy.Default())
+	var names []string
+	for _, tool := range tools {
+		names = append(names, tool.Name)
+		if tool.Description == "" || tool.Title == "" {
+			t.Errorf("%s: no description or title", tool.Name)
+		}
+		if tool.InputSchema == nil || tool.OutputSchema == nil {
+			t.Errorf("%s: missing a schema", tool.Name)
+		}
+		if tool.Annotations == nil {
+			t.Fatalf("%s: no annotations", tool.Name)
+		}
+		a := tool.Annotations
+		switch tool.Name {
+		case NameReadFile, NameList:
+			if !a.ReadOnlyHint || a.OpenWorldHint == nil || *a.OpenWorldHint {
+				t.Errorf("%s: want readOnlyHint and a closed world, got %+v", tool.Name, a)
+			}
+		case NameWriteFile, NameExec:
+			if a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint {
+				t.Errorf("%s: want destructiveHint, got %+v", tool.Name, a)
+			}
+		case NameSnapshot:
+			if a.ReadOnlyHint || a.DestructiveHint == nil || *a.DestructiveHint {
+				t.Errorf("%s: want neither read-only nor destructive, got %+v", tool.Name, a)
+			}
+		}
+		// Every tool takes the optional sandbox handle and reports it.
+		in, _ := json.Marshal(tool.InputSchema)
+		out, _ := json.Marshal(tool.OutputSchema)
+		var inS, outS struct {
+			Properties map[string]any `json:"properties"`
+			Required   []string       `json:"required"`
+		}
+		json.Unmarshal(in, &inS)
+		json.Unmarshal(out, &outS)
+		if _, ok := inS.Properties["sandbox"]; !ok || slices.Contains(inS.Required, "sandbox") {
+			t.Errorf("%s: sandbox must be an optional input", tool.Name)
+		}
+		if !slices.Contains(outS.Required, "sandbox") {
+			t.Errorf("%s: sandbox must be a required output", tool.Name)
+		}
+	}
+	slices.Sort(names)
+	want := []string{NameExec, NameList, NameReadFile, NameSnapshot, NameWriteFile}
+	if !slices.Equal(names, want) {
+		t.Fatalf("tools = %v, want %v", names, want)
+	}
+}
+
+// TestExecDescriptionFollowsPolicy: the model learns the allowlist from the
+// tool itself.
+func TestExecDescriptionFollowsPolicy(t *testing.T) {
+	p := policy.Default()
+	p.Exec = policy.ExecAllowlist
+	p.AllowCmds = []string{"ls", "python3"}
+	for _, tool := range listTools(t, p) {
+		if tool.Name == NameExec {
+			if !contains(tool.Description, "Only these commands may run: ls, python3.") {
+				t.Fatalf("description: %s", tool.Description)
+			}
+			return
+		}
+	}
+	t.Fatal("no exec tool")
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
