@@ -1,0 +1,60 @@
+# sandbox-mcp: `make help` lists the targets.
+
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+# Flags for `make run`; e.g. make run ARGS="--exec=allowlist --allow-cmd=ls,cat"
+ARGS      ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: setup
+setup: ## install what the image build and the tests need (Debian: debootstrap, busybox-static)
+	@command -v debootstrap >/dev/null && command -v busybox >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap busybox-static; }
+	@docker version >/dev/null 2>&1 || { echo "The Docker engine is not reachable: start it (systemctl start docker) or set DOCKER_HOST." >&2; exit 1; }
+
+.PHONY: build
+build: ## build bin/sandbox-mcp and the static bin/sandbox-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandbox-agent ./cmd/sandbox-agent
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandbox-mcp ./cmd/sandbox-mcp
+
+.PHONY: image
+image: ## build the default sandbox image offline (debootstrap; about a minute)
+	bash image/build.sh
+
+.PHONY: testimage
+testimage: ## build the small busybox image the tests use
+	bash image/testimage/build.sh
+
+.PHONY: run
+run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
+	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2
+	$(BIN)/sandbox-mcp $(ARGS)
+
+.PHONY: doctor
+doctor: build ## check the engine, the image and the agent
+	$(BIN)/sandbox-mcp doctor $(ARGS)
+
+.PHONY: test
+test: setup image testimage ## run every test (unit, integration on the real engine, end to end) with -race
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet, go mod tidy
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "run gofmt -w" >&2; exit 1; }
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+
+.PHONY: check
+check: lint test ## lint, then every test
+
+.PHONY: clean
+clean: ## remove built binaries and leftover sandbox containers
+	rm -rf $(BIN)
+	-docker ps -aq --filter label=io.sandbox-mcp=1 | xargs -r docker rm -f

@@ -1,0 +1,359 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/image"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// EnvPrefix starts the environment variable of every flag:
+// --max-file-bytes is SANDBOX_MCP_MAX_FILE_BYTES.
+const EnvPrefix = "SANDBOX_MCP_"
+
+// Config is the server's whole configuration, parsed from flags, the
+// environment and an optional config file (in rising precedence: file,
+// environment, flags).
+type Config struct {
+	Policy policy.Policy
+	// Image is the base image of new sandboxes.
+	Image string
+	// AgentBin is the static agent binary put into the image.
+	AgentBin string
+	// Env is what every sandbox gets, as NAME=VALUE (values are secret:
+	// never logged).
+	Env []string
+	// StateDir holds snapshots and records.
+	StateDir string
+	// IdleTimeout removes a sandbox unused this long.
+	IdleTimeout time.Duration
+	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
+	Runtime string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// ConfigFile is the file the configuration was read from, if any.
+	ConfigFile string
+}
+
+// flagSet binds every knob to a Config. Each flag's environment variable and
+// config file key follow from its name.
+type flagSet struct {
+	fs  *flag.FlagSet
+	cfg *Config
+	// source counts the layers applied so far (file, env, flags); a list
+	// flag set from a new layer starts over instead of appending.
+	source int
+	env    envList
+}
+
+func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
+	f := &flagSet{fs: flag.NewFlagSet("sandbox-mcp", flag.ContinueOnError), cfg: cfg}
+	f.env.getenv, f.env.f = getenv, f
+	p := &cfg.Policy
+	fs := f.fs
+	fs.Var(&choice{v: (*string)(&p.Exec), allowed: []string{"allow", "allowlist", "deny"}}, "exec", "`mode`: allow any command, only an allowlist, or deny all exec")
+	fs.Var(&listValue{v: &p.AllowCmds, f: f}, "allow-cmd", "comma `list` (repeatable) of commands for --exec=allowlist, matched on the resolved program")
+	fs.BoolVar(&p.ReadOnly, "read-only", p.ReadOnly, "mount the workspace read-only: no tool, exec included, can change it")
+	fs.Var(&bytesValue{&p.MaxFileBytes}, "max-file-bytes", "largest file read or written in one call (`bytes`, e.g. 8MiB)")
+	fs.Var(&bytesValue{&p.MaxOutputBytes}, "max-output-bytes", "output kept per stream, per exec (`bytes`)")
+	fs.Var(&bytesValue{&p.MaxWorkspaceBytes}, "max-workspace-bytes", "workspace size and snapshot ceiling (`bytes`)")
+	fs.DurationVar(&p.ExecTimeout, "exec-timeout", p.ExecTimeout, "default timeout of a command")
+	fs.DurationVar(&p.MaxExecTimeout, "max-exec-timeout", p.MaxExecTimeout, "ceiling for a command's timeout_ms")
+	fs.Var(&bytesValue{&p.Memory}, "memory", "memory limit of a sandbox, swap included (`bytes`)")
+	fs.Float64Var(&p.CPUs, "cpus", p.CPUs, "CPU limit of a sandbox")
+	fs.Int64Var(&p.Pids, "pids", p.Pids, "process limit of a sandbox")
+	fs.IntVar(&p.MaxExecs, "max-execs", p.MaxExecs, "commands one sandbox runs at once; more get BUSY")
+	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
+	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
+	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
+	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
+	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
+	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
+	fs.StringVar(&cfg.ConfigFile, "config", "", "JSON config `file`: an object whose keys are flag names (flags and the environment win over it)")
+	return f
+}
+
+// defaultConfig returns the configuration before any flag, variable or file.
+func defaultConfig(getenv func(string) string) Config {
+	return Config{
+		Policy:      policy.Default(),
+		Image:       image.DefaultTag(),
+		AgentBin:    defaultAgentBin(),
+		StateDir:    defaultStateDir(getenv),
+		IdleTimeout: 15 * time.Minute,
+		LogLevel:    "info",
+	}
+}
+
+// ParseConfig builds the Config from args (without the program name), the
+// environment (through getenv) and the config file that --config or
+// SANDBOX_MCP_CONFIG names.
+func ParseConfig(args []string, getenv func(string) string) (Config, error) {
+	cfg := defaultConfig(getenv)
+	f := newFlagSet(&cfg, getenv)
+	f.fs.SetOutput(io.Discard)
+
+	// The config file is found first: it is the lowest layer.
+	file := getenv(EnvPrefix + "CONFIG")
+	for i, a := range args {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "config" {
+			if hasVal {
+				file = val
+			} else if i+1 < len(args) {
+				file = args[i+1]
+			}
+		}
+	}
+	if file != "" {
+		f.source++
+		if err := f.applyFile(file); err != nil {
+			return cfg, err
+		}
+	}
+	f.source++
+	if err := f.applyEnv(getenv); err != nil {
+		return cfg, err
+	}
+	f.source++
+	if err := f.fs.Parse(args); err != nil {
+		return cfg, fmt.Errorf("%w (see sandbox-mcp -h)", err)
+	}
+	if f.fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q (see sandbox-mcp -h)", f.fs.Arg(0))
+	}
+	cfg.ConfigFile = file
+	cfg.Env = f.env.resolved
+	return cfg, cfg.Validate()
+}
+
+func (f *flagSet) applyFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("--config %s: not a JSON object: %w", path, err)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "config" || f.fs.Lookup(k) == nil {
+			return fmt.Errorf("--config %s: unknown key %q; keys are flag names such as \"exec\" or \"max-file-bytes\"", path, k)
+		}
+		var vals []string
+		switch v := m[k].(type) {
+		case []any:
+			for _, e := range v {
+				vals = append(vals, fmt.Sprint(e))
+			}
+		case float64:
+			vals = []string{strconv.FormatFloat(v, 'f', -1, 64)}
+		default:
+			vals = []string{fmt.Sprint(v)}
+		}
+		for _, v := range vals {
+			if err := f.fs.Set(k, v); err != nil {
+				return fmt.Errorf("--config %s: %s: %w", path, k, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (f *flagSet) applyEnv(getenv func(string) string) error {
+	var err error
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if err != nil || fl.Name == "config" {
+			return
+		}
+		name := EnvVar(fl.Name)
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		if e := f.fs.Set(fl.Name, v); e != nil {
+			err = fmt.Errorf("%s: %w", name, e)
+		}
+	})
+	return err
+}
+
+// EnvVar returns the environment variable of a flag.
+func EnvVar(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Validate checks the configuration, naming the flag to fix.
+func (c Config) Validate() error {
+	errs := []error{c.Policy.Validate()}
+	if c.Image == "" {
+		errs = append(errs, errors.New("--image is empty"))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("--state-dir is empty and no default was found (set HOME or XDG_STATE_HOME)"))
+	}
+	if c.IdleTimeout < 0 {
+		errs = append(errs, errors.New("--idle-timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func defaultStateDir(getenv func(string) string) string {
+	if d := getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "sandbox-mcp")
+	}
+	if h := getenv("HOME"); h != "" {
+		return filepath.Join(h, ".local", "state", "sandbox-mcp")
+	}
+	return ""
+}
+
+func defaultAgentBin() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "sandbox-agent"
+	}
+	return filepath.Join(filepath.Dir(exe), "sandbox-agent")
+}
+
+// choice is a string flag limited to some values.
+type choice struct {
+	v       *string
+	allowed []string
+}
+
+func (c *choice) String() string {
+	if c.v == nil {
+		return ""
+	}
+	return *c.v
+}
+
+func (c *choice) Set(s string) error {
+	for _, a := range c.allowed {
+		if s == a {
+			*c.v = s
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not one of %s", s, strings.Join(c.allowed, ", "))
+}
+
+// listValue is a comma list flag that can be repeated. A new layer (file,
+// environment, flags) replaces what an earlier layer set.
+type listValue struct {
+	v      *[]string
+	f      *flagSet
+	source int
+}
+
+func (l *listValue) String() string {
+	if l.v == nil {
+		return ""
+	}
+	return strings.Join(*l.v, ",")
+}
+
+func (l *listValue) Set(s string) error {
+	if l.source != l.f.source {
+		*l.v, l.source = nil, l.f.source
+	}
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			*l.v = append(*l.v, e)
+		}
+	}
+	return nil
+}
+
+// envList is --env: NAME=VALUE, or NAME to take the server's own value.
+type envList struct {
+	getenv   func(string) string
+	resolved []string
+	source   int
+	f        *flagSet
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func (e *envList) String() string {
+	names := make([]string, len(e.resolved))
+	for i, kv := range e.resolved {
+		names[i], _, _ = strings.Cut(kv, "=")
+	}
+	return strings.Join(names, ",")
+}
+
+func (e *envList) Set(s string) error {
+	name, val, hasVal := strings.Cut(s, "=")
+	if !envName.MatchString(name) {
+		return fmt.Errorf("%q: want NAME=VALUE or NAME, with NAME matching [A-Za-z_][A-Za-z0-9_]*", name)
+	}
+	if !hasVal {
+		val = e.getenv(name)
+	}
+	if e.source != e.f.source {
+		e.resolved, e.source = nil, e.f.source
+	}
+	if strings.IndexByte(val, 0) >= 0 {
+		return fmt.Errorf("%s: value contains NUL", name)
+	}
+	e.resolved = append(e.resolved, name+"="+val)
+	return nil
+}
+
+// bytesValue is a byte count with an optional unit: 1048576, 512KiB, 8MiB,
+// 1GiB (also k, m, g, KB, MB, GB as powers of 1024).
+type bytesValue struct{ v *int64 }
+
+func (b *bytesValue) String() string {
+	if b.v == nil {
+		return ""
+	}
+	return strconv.FormatInt(*b.v, 10)
+}
+
+func (b *bytesValue) Set(s string) error {
+	n, err := ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b.v = n
+	return nil
+}
+
+var bytesRE = regexp.MustCompile(`^(\d+)\s*([kKmMgGtT]?)(i?[bB])?$`)
+
+// ParseBytes parses a byte count such as "8MiB".
+func ParseBytes(s string) (int64, error) {
+	m := bytesRE.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
+		return 0, fmt.Errorf("%q is not a byte count such as 1048576, 512KiB, 8MiB or 1GiB", s)
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q: %w", s, err)
+	}
+	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[strings.ToLower(m[2])]
+	if n > (1<<63-1)>>shift {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return n << shift, nil
+}

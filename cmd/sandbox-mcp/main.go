@@ -1,0 +1,220 @@
+// Command sandbox-mcp is an MCP server that gives LLM agents a place to run
+// code that cannot hurt the machine it runs on: one hardened Docker container
+// per MCP session, every call checked against the operator's policy.
+//
+// Usage:
+//
+//	sandbox-mcp [flags]        serve MCP over stdio
+//	sandbox-mcp doctor [flags] check the engine, the image and the agent
+//	sandbox-mcp version        print the version
+//
+// Every flag also reads from SANDBOX_MCP_<NAME> and from the JSON file
+// --config names; flags win over the environment, which wins over the file.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/moby/moby/client"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/tools"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+// shutdownTimeout bounds the removal of every sandbox at exit.
+const shutdownTimeout = 30 * time.Second
+
+// protocolVersions are the MCP versions served. 2026-07-28 has no protocol
+// sessions, and a sandbox per session needs them: clients that prefer it
+// fall back to 2025-11-25.
+var protocolVersions = []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"}
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
+}
+
+// run is main, testable: it returns the exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "version", "--version", "-version":
+			fmt.Fprintln(stdout, "sandbox-mcp", buildVersion())
+			return 0
+		case "doctor":
+			return doctor(ctx, args[1:], stdout, getenv)
+		case "help", "-h", "--help", "-help":
+			usage(stdout, getenv)
+			return 0
+		}
+	}
+	cfg, err := ParseConfig(args, getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox-mcp: %v\n", err)
+		return 2
+	}
+	log := newLogger(stderr, cfg.LogLevel)
+	if err := serveStdio(ctx, cfg, stdin, stdout, log); err != nil {
+		log.Error("sandbox-mcp stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer, getenv func(string) string) {
+	cfg := defaultConfig(getenv)
+	f := newFlagSet(&cfg, getenv)
+	fmt.Fprintf(w, `sandbox-mcp %s: an MCP server that runs code in one hardened Docker container per session.
+
+Usage:
+  sandbox-mcp [flags]         serve MCP over stdio
+  sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
+  sandbox-mcp version         print the version
+
+Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
+JSON file --config names. Flags win over the environment, which wins over the file.
+
+Flags:
+`, buildVersion(), EnvPrefix, EnvVar("max-file-bytes"))
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		typ, use := flag.UnquoteUsage(fl)
+		fmt.Fprintf(w, "  --%s %s\n    \t%s", fl.Name, typ, use)
+		if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" {
+			fmt.Fprintf(w, " (default %s)", fl.DefValue)
+		}
+		fmt.Fprintf(w, " [%s]\n", EnvVar(fl.Name))
+	})
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// newManager connects to the engine and prepares the sandboxes' runtime.
+func newManager(ctx context.Context, cfg Config, log *slog.Logger) (*session.Manager, *client.Client, error) {
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		return nil, nil, fmt.Errorf("docker client: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+		cli.Close()
+		return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
+	}
+	m, err := session.NewManager(ctx, session.Options{
+		Client:      cli,
+		Image:       cfg.Image,
+		AgentBinary: cfg.AgentBin,
+		Policy:      cfg.Policy,
+		Env:         cfg.Env,
+		StateDir:    cfg.StateDir,
+		Runtime:     cfg.Runtime,
+		IdleTimeout: cfg.IdleTimeout,
+		Logger:      log,
+	})
+	if err != nil {
+		cli.Close()
+		return nil, nil, err
+	}
+	return m, cli, nil
+}
+
+// newServer builds the MCP server with every tool and resource.
+func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
+		Instructions: "Run commands and edit files in an isolated Linux sandbox (one per session). " +
+			"The workspace is /workspace; paths are relative to it. Read sandbox://policy for what this server allows.",
+		Logger:                    log,
+		SupportedProtocolVersions: protocolVersions,
+	})
+	tools.Register(s, &tools.Deps{
+		Policy:     cfg.Policy,
+		PolicyView: tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env),
+		Sessions:   sessions,
+		Logger:     log,
+	})
+	return s
+}
+
+// serveStdio serves one MCP session over stdin and stdout until the client
+// closes stdin or a signal arrives; every sandbox is removed before it
+// returns.
+func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	m, cli, err := newManager(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	logPolicy(log, cfg)
+	sessions := tools.NewSessions(m)
+	server := newServer(cfg, m, sessions, log)
+
+	// On a signal, end the calls in flight first: the SDK waits for them.
+	closed := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		closed <- m.Close(cctx)
+	}()
+	err = server.Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}})
+	stop()
+	if cerr := <-closed; cerr != nil {
+		log.Warn("removing sandboxes at exit", "err", cerr)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
+		return err
+	}
+	log.Info("sandbox-mcp stopped")
+	return nil
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+// logPolicy logs the effective policy at start. Env values are secrets:
+// only names are logged.
+func logPolicy(log *slog.Logger, cfg Config) {
+	p := cfg.Policy
+	names := make([]string, len(cfg.Env))
+	for i, kv := range cfg.Env {
+		names[i], _, _ = strings.Cut(kv, "=")
+	}
+	log.Info("policy",
+		"exec", p.Exec, "allow_cmd", strings.Join(p.AllowCmds, ","), "read_only", p.ReadOnly,
+		"max_file_bytes", p.MaxFileBytes, "max_output_bytes", p.MaxOutputBytes, "max_workspace_bytes", p.MaxWorkspaceBytes,
+		"exec_timeout", p.ExecTimeout, "max_exec_timeout", p.MaxExecTimeout,
+		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
+		"network", p.Network, "image", cfg.Image, "env", strings.Join(names, ","),
+		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime)
+}
