@@ -1,0 +1,269 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p := Default()
+	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 1<<20 || p.MaxWorkspaceBytes != 512<<20 ||
+		p.ExecTimeout != time.Minute || p.MaxExecTimeout != 10*time.Minute || p.Memory != 1<<30 || p.CPUs != 1 || p.Pids != 256 || p.Network != NetworkNone {
+		t.Fatalf("defaults differ from SPEC §3: %+v", p)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Policy)
+		want string // substring of the error; "" means valid
+	}{
+		{"allowlist without commands", func(p *Policy) { p.Exec = ExecAllowlist }, "--exec=allowlist needs at least one --allow-cmd"},
+		{"allowlist with commands", func(p *Policy) { p.Exec = ExecAllowlist; p.AllowCmds = []string{"ls", "/usr/bin/python3"} }, ""},
+		{"relative path entry", func(p *Policy) { p.Exec = ExecAllowlist; p.AllowCmds = []string{"bin/ls"} }, "bare name"},
+		{"commands without allowlist", func(p *Policy) { p.AllowCmds = []string{"ls"} }, "use --exec=allowlist"},
+		{"unknown exec", func(p *Policy) { p.Exec = "maybe" }, "use allow, allowlist or deny"},
+		{"timeout above ceiling", func(p *Policy) { p.ExecTimeout = time.Hour }, "above --max-exec-timeout"},
+		{"zero file cap", func(p *Policy) { p.MaxFileBytes = 0 }, "--max-file-bytes"},
+		{"workspace above memory", func(p *Policy) { p.MaxWorkspaceBytes = 2 << 30 }, "raise --memory"},
+		{"tiny memory", func(p *Policy) { p.Memory = 1 << 20 }, "--memory"},
+		{"no cpus", func(p *Policy) { p.CPUs = 0 }, "--cpus"},
+		{"few pids", func(p *Policy) { p.Pids = 3 }, "--pids"},
+		{"no execs", func(p *Policy) { p.MaxExecs = 0 }, "--max-execs"},
+		{"hosts without network", func(p *Policy) { p.AllowHosts = []string{"example.com"} }, "--network=allowlist"},
+		{"unknown network", func(p *Policy) { p.Network = "bridge" }, "use none or allowlist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Default()
+			tc.edit(&p)
+			err := p.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckProgram(t *testing.T) {
+	allow := Default()
+	allowlist := Default()
+	allowlist.Exec = ExecAllowlist
+	allowlist.AllowCmds = []string{"ls", "cat", "python3"}
+	deny := Default()
+	deny.Exec = ExecDeny
+	// How the allowlist resolved inside a sandbox (busybox-style: every
+	// applet keeps its own name).
+	resolved := map[string]string{"/bin/ls": "ls", "/bin/cat": "cat", "/usr/bin/python3": "python3"}
+
+	for _, tc := range []struct {
+		name     string
+		p        Policy
+		argv0    string
+		resolved string
+		allow    bool
+		reason   string
+	}{
+		{"allow mode runs anything", allow, "curl", "/usr/bin/curl", true, ""},
+		{"deny mode refuses", deny, "ls", "/bin/ls", false, "--exec=deny"},
+		{"by name", allowlist, "ls", "/bin/ls", true, ""},
+		{"by absolute path", allowlist, "/bin/ls", "/bin/ls", true, ""},
+		{"through a dot-dot spelling of another program", allowlist, "/usr/bin/../bin/sh", "/bin/sh", false, "resolves to /bin/sh"},
+		{"a workspace binary named like an allowed one", allowlist, "./ls", "/workspace/ls", false, "resolves to /workspace/ls"},
+		{"not on the list", allowlist, "curl", "/usr/bin/curl", false, `"curl" (/usr/bin/curl) is not on this server's command allowlist (allowed: ls, cat, python3)`},
+		{"not found", allowlist, "nope", "", false, `"nope" is not on this server's command allowlist`},
+		{"case does not fold", allowlist, "LS", "", false, "not on this server's command allowlist"},
+		{"a shell", allowlist, "sh", "/bin/sh", false, "allowed: ls, cat, python3"},
+		{"env as a launcher", allowlist, "env", "/usr/bin/env", false, "not on this server's command allowlist"},
+		{"busybox itself", allowlist, "busybox", "/bin/busybox", false, "not on this server's command allowlist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.p.CheckProgram(tc.argv0, tc.resolved, resolved)
+			if d.Allow != tc.allow {
+				t.Fatalf("allow = %v (%s), want %v", d.Allow, d.Reason, tc.allow)
+			}
+			if !tc.allow {
+				if d.Code != PolicyDenied {
+					t.Errorf("code = %s", d.Code)
+				}
+				if !strings.Contains(d.Reason, tc.reason) {
+					t.Errorf("reason %q does not contain %q", d.Reason, tc.reason)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckArgv(t *testing.T) {
+	long := make([]string, MaxArgv+1)
+	for i := range long {
+		long[i] = "x"
+	}
+	for _, tc := range []struct {
+		argv  []string
+		allow bool
+	}{
+		{[]string{"ls"}, true},
+		{[]string{"ls", "-l", ""}, true},
+		{nil, false},
+		{[]string{}, false},
+		{[]string{""}, false},
+		{[]string{"ls\x00"}, false},
+		{[]string{"ls", "a\x00b"}, false},
+		{long[:MaxArgv], true},
+		{long, false},
+	} {
+		if d := CheckArgv(tc.argv); d.Allow != tc.allow || (!d.Allow && d.Code != InvalidArgument) {
+			t.Errorf("CheckArgv(%q) = %v", tc.argv, d)
+		}
+	}
+}
+
+func TestCheckEnv(t *testing.T) {
+	env, d := CheckEnv(map[string]string{"B": "2", "A_1": "x=y", "_z": ""})
+	if !d.Allow || strings.Join(env, " ") != "A_1=x=y B=2 _z=" {
+		t.Fatalf("got %q %v", env, d)
+	}
+	for _, bad := range []map[string]string{{"1A": "x"}, {"A-B": "x"}, {"": "x"}, {"A B": "x"}, {"A=B": "x"}, {"A": "x\x00y"}} {
+		if _, d := CheckEnv(bad); d.Allow || d.Code != InvalidArgument {
+			t.Errorf("CheckEnv(%q) allowed", bad)
+		}
+	}
+}
+
+func TestExecTimeoutFor(t *testing.T) {
+	p := Default()
+	for _, tc := range []struct {
+		ms   int64
+		want time.Duration
+		code Code
+	}{
+		{0, time.Minute, ""},
+		{1500, 1500 * time.Millisecond, ""},
+		{600000, 10 * time.Minute, ""},
+		{600001, 0, PolicyDenied},
+		{-1, 0, InvalidArgument},
+	} {
+		got, d := p.ExecTimeoutFor(tc.ms)
+		if tc.code == "" && (!d.Allow || got != tc.want) {
+			t.Errorf("ExecTimeoutFor(%d) = %s %v, want %s", tc.ms, got, d, tc.want)
+		}
+		if tc.code != "" && (d.Allow || d.Code != tc.code) {
+			t.Errorf("ExecTimeoutFor(%d) = %v, want %s", tc.ms, d, tc.code)
+		}
+	}
+	if _, d := p.ExecTimeoutFor(600001); !strings.Contains(d.Reason, "600000") {
+		t.Errorf("reason does not name the ceiling: %s", d.Reason)
+	}
+}
+
+func TestWorkspacePath(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		code Code
+	}{
+		{"", ".", ""},
+		{".", ".", ""},
+		{"a.txt", "a.txt", ""},
+		{"./ok.txt", "./ok.txt", ""},
+		{"sub/../ok.txt", "sub/../ok.txt", ""}, // resolved in the sandbox, where symlinks are seen
+		{"sub/", "sub/", ""},
+		{"/workspace", ".", ""},
+		{"/workspace/", ".", ""},
+		{"/workspace/a/b", "a/b", ""},
+		{"/workspace//a", "a", ""},
+		{`..\..\etc\passwd`, `..\..\etc\passwd`, ""}, // a file name on Linux
+		{"../../etc/passwd", "", OutsideWorkspace},
+		{"a/../../x", "", OutsideWorkspace},
+		{"./../x", "", OutsideWorkspace},
+		{"..", "", OutsideWorkspace},
+		{"/etc/passwd", "", OutsideWorkspace},
+		{"/workspace/../etc/passwd", "", OutsideWorkspace},
+		{"/workspacex/a", "", OutsideWorkspace},
+		{"/", "", OutsideWorkspace},
+		{"/proc/self/environ", "", OutsideWorkspace},
+		{"ok.txt\x00.png", "", InvalidArgument},
+		{strings.Repeat("a/", MaxPathBytes), "", InvalidArgument},
+		{"\xff\xfe", "", InvalidArgument},
+	} {
+		got, d := WorkspacePath(tc.in)
+		if tc.code == "" {
+			if !d.Allow || got != tc.want {
+				t.Errorf("WorkspacePath(%q) = %q %v, want %q", tc.in, got, d, tc.want)
+			}
+		} else if d.Allow || d.Code != tc.code {
+			t.Errorf("WorkspacePath(%q) = %q %v, want %s", tc.in, got, d, tc.code)
+		}
+	}
+}
+
+func TestParseMode(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint32
+		ok   bool
+	}{
+		{"", 0o644, true}, {"0644", 0o644, true}, {"644", 0o644, true}, {"0755", 0o755, true},
+		{"0o600", 0o600, true}, {"0", 0, true}, {"0000", 0, true}, {"777", 0o777, true},
+		{"4755", 0, false}, {"1777", 0, false}, {"0888", 0, false}, {"rwx", 0, false}, {"-1", 0, false}, {"0644 ", 0, false}, {"000644", 0, false},
+	} {
+		got, d := ParseMode(tc.in)
+		if d.Allow != tc.ok || (tc.ok && got != tc.want) {
+			t.Errorf("ParseMode(%q) = %o %v", tc.in, got, d)
+		}
+	}
+}
+
+func TestWriteChecks(t *testing.T) {
+	p := Default()
+	if d := p.CanWrite(); !d.Allow {
+		t.Fatal(d)
+	}
+	p.ReadOnly = true
+	if d := p.CanWrite(); d.Allow || d.Code != ReadOnly || !strings.Contains(d.Reason, "--read-only") {
+		t.Fatal(d)
+	}
+	if d := p.CheckWriteSize(p.MaxFileBytes); !d.Allow {
+		t.Fatal(d)
+	}
+	if d := p.CheckWriteSize(p.MaxFileBytes + 1); d.Allow || d.Code != TooLarge || !strings.Contains(d.Reason, "append") {
+		t.Fatal(d)
+	}
+}
+
+func TestListEntriesAndRange(t *testing.T) {
+	if n, d := ListEntries(0); !d.Allow || n != DefaultListEntries {
+		t.Fatal(n, d)
+	}
+	if n, d := ListEntries(5); !d.Allow || n != 5 {
+		t.Fatal(n, d)
+	}
+	for _, bad := range []int{-1, MaxListEntries + 1} {
+		if _, d := ListEntries(bad); d.Allow {
+			t.Errorf("ListEntries(%d) allowed", bad)
+		}
+	}
+	if d := CheckRange(-1, 0); d.Allow {
+		t.Error("negative offset allowed")
+	}
+	if d := CheckRange(0, -5); d.Allow {
+		t.Error("negative length allowed")
+	}
+}
+
+func TestDecisionString(t *testing.T) {
+	if s := Deny(PolicyDenied, "%q is not allowed", "curl").String(); s != `POLICY_DENIED: "curl" is not allowed` {
+		t.Fatal(s)
+	}
+	if Allowed.String() != "allow" {
+		t.Fatal(Allowed.String())
+	}
+}
