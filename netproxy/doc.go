@@ -1,0 +1,76 @@
+// Package netproxy is an in-process HTTP CONNECT egress proxy with a host
+// allowlist. It gives a sandbox a single, narrow way out to the network: an
+// HTTPS tunnel to a host:port the operator listed, reached only at a public
+// address the proxy resolved and checked itself.
+//
+// The package knows nothing of what it serves. The caller opens one listener
+// per sandbox (for a container, on the gateway of the sandbox's internal
+// network) and calls [Proxy.Serve] with the sandbox id; each listener gets its
+// own limits and log fields.
+//
+// # What happens to a request
+//
+// Each client connection carries one request: a refusal is sent with
+// "Connection: close", and a tunnel owns its connection until it ends. The
+// proxy reads the request line and header itself (net/textproto), within
+// Config.HeaderTimeout (408) and Config.MaxHeaderBytes (431), and then:
+//
+//  1. applies the sandbox's request rate (429 with Retry-After);
+//  2. refuses every method but CONNECT with 405. Plain-HTTP proxying
+//     (absolute-form "GET http://host/") and origin-form requests are never
+//     forwarded: there is one decision path, for CONNECT, and clients must
+//     use https:// URLs;
+//  3. accepts only a strict authority-form target "host:port" (the request
+//     target alone decides; the Host header is ignored), with a canonical
+//     decimal port and no body (400 otherwise);
+//  4. refuses IP-literal targets (403): the allowlist holds names only, so
+//     "CONNECT 8.8.8.8:443" or "[::1]:443" never matches anything. Hosts that
+//     are not ASCII, or whose last label is a number ("2130706433",
+//     "0x7f.1", "127.1"), are refused with 400 before any lookup;
+//  5. matches the normalised name and port against the [Allowlist] (403);
+//  6. takes one of the sandbox's tunnel slots (429 with Retry-After);
+//  7. resolves the name once, with Config.DNSTimeout, through Config.Resolver
+//     (502 on failure), and checks every answer with [Classify], the proxy's
+//     own listener addresses and Config.DenyAddrs. Mixed answers are refused
+//     whole (403): the proxy never picks the good half of an answer that also
+//     points somewhere it must not go;
+//  8. dials the first answer, exactly that IP literal, with
+//     Config.ConnectTimeout (504 on timeout, 502 on error), and nothing else:
+//     there is no fallback to other addresses. The default dialer checks the
+//     address again in net.Dialer.Control, just before connect(2);
+//  9. answers 200 and copies bytes both ways until both sides have finished
+//     (half-closes are passed on), nothing has moved for Config.IdleTimeout,
+//     Config.MaxLifetime has passed, or Serve's context ends.
+//
+// Every refusal is an HTTP error whose text/plain body and [ErrorHeader]
+// header carry the same sentence, which says what to do next. Every request
+// answered produces exactly one [Decision] (logged as "proxy decision" and
+// passed to Config.OnDecision) and every tunnel exactly one [Close] ("proxy
+// tunnel closed", Config.OnClose). Request headers, Proxy-Authorization
+// included, are never logged.
+//
+// # Limits of the model
+//
+// A program that ignores HTTPS_PROXY simply cannot connect: with the
+// sandbox on an internal network the proxy is the only route out, so direct
+// connections fail (the network setup, not this package, guarantees that).
+// Plain-HTTP URLs fail with 405 and a sentence saying to use https.
+//
+// DNS is the proxy's job: the sandbox needs no resolver and should have none
+// (a resolver that forwards queries is an exfiltration channel). A name with
+// a dot is looked up fully qualified ("api.example.com."), so resolv.conf
+// search domains never turn it into another name; a single-label name such
+// as "localhost" is looked up as given. The default resolver is Go's own,
+// which does not read numeric names as addresses. An IPv4-mapped answer
+// (::ffff:a.b.c.d) is checked and dialled as the IPv4 address it carries.
+//
+// The proxy sees only the CONNECT line, never the bytes inside the tunnel. It
+// does not inspect the TLS ClientHello, so a client can send any SNI, or none,
+// or a non-TLS protocol to an allowed host:port. Domain fronting through a
+// CDN that serves an allowed name is therefore a residual risk: allow names
+// whose servers you trust not to relay for others. Likewise a second CONNECT
+// sent inside a tunnel reaches the allowed upstream, not this proxy.
+//
+// Address classes unlocked by Config.AllowPrivate are loopback, private and
+// CGNAT only; see [Classify] and Config.AllowPrivate.
+package netproxy

@@ -1,0 +1,370 @@
+package netproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	readBufSize = 4 << 10
+	// After a refusal the proxy half-closes and reads what the client still
+	// sends, for at most this long and this much, so that closing with unread
+	// data does not reset the connection before the client reads the answer.
+	lingerTimeout  = 500 * time.Millisecond
+	maxLingerBytes = 256 << 10
+)
+
+// limitReader counts the bytes read through it and fails after n.
+type limitReader struct {
+	r    io.Reader
+	n    int64
+	read int64
+}
+
+var errHeaderTooLarge = errors.New("request header too large")
+
+func (l *limitReader) Read(b []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(b)) > l.n {
+		b = b[:l.n]
+	}
+	n, err := l.r.Read(b)
+	l.n -= int64(n)
+	l.read += int64(n)
+	return n, err
+}
+
+// handle serves one client connection: one request, one decision, and a
+// tunnel if the request is allowed. The connection is always closed on return.
+func (p *Proxy) handle(ctx context.Context, c net.Conn, sb *sandboxState) {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer func() {
+		stop()
+		c.Close()
+	}()
+	d := Decision{Sandbox: sb.id}
+
+	if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
+		p.refuse(c, &d, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
+			"this sandbox already has %d open connections to the proxy, the limit; close some and retry", p.cfg.MaxConns),
+		}, "Retry-After", "1")
+		return
+	}
+	defer sb.release(&sb.conns)
+
+	req, br, ref := p.readRequest(c)
+	if req == nil && ref == nil {
+		return // the client closed without sending anything, or Serve is ending
+	}
+	start := time.Now()
+	if ref != nil {
+		if req != nil {
+			d.Host = truncate(req.target, maxLoggedHost)
+		}
+		p.refuse(c, &d, ref)
+		return
+	}
+	// Bytes the client sent after the header (e.g. an eager TLS ClientHello)
+	// belong to the tunnel.
+	early, _ := br.Peek(br.Buffered())
+
+	up, ref, extra := p.decide(ctx, req, &d, sb)
+	d.Duration = time.Since(start)
+	if ref != nil {
+		p.refuse(c, &d, ref, extra...)
+		return
+	}
+	d.Allow, d.Status = true, http.StatusOK
+	d.Reason = "allowed by " + d.Rule
+	p.logDecision(&d)
+
+	stop() // from here on the tunnel closes c, recording why
+	cl := Close{Sandbox: sb.id, Host: d.Normalized, Port: d.Port, Addr: d.Addr}
+	t := newTunnel(c, up, p.cfg.IdleTimeout, p.cfg.MaxLifetime)
+	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		up.Close()
+		cl.Reason = CloseError
+		if ctx.Err() != nil {
+			cl.Reason = CloseCtx
+		}
+	} else {
+		cl.Reason = t.run(ctx, early)
+	}
+	cl.BytesUp, cl.BytesDown, cl.Duration = t.up, t.down, time.Since(t.start)
+	sb.release(&sb.tunnels) // before the record, so a caller that saw it can open another
+	p.logClose(&cl)
+}
+
+// request is a parsed request line and header.
+type request struct {
+	method, target, proto string
+	header                textproto.MIMEHeader
+}
+
+// readRequest reads one request header within HeaderTimeout and
+// MaxHeaderBytes. It returns (nil, nil, nil) if there is nothing to answer.
+//
+// It parses the request line itself, rather than with http.ReadRequest,
+// so that the target reaches parseTarget exactly as sent: net/http turns
+// "a:443@b:443" into host "b:443", and fails on other shapes with errors
+// that do not say what to send instead.
+func (p *Proxy) readRequest(c net.Conn) (*request, *bufio.Reader, *refusal) {
+	c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+	lr := &limitReader{r: c, n: int64(p.cfg.MaxHeaderBytes) + readBufSize}
+	br := bufio.NewReaderSize(lr, readBufSize)
+	tp := textproto.NewReader(br)
+	tooLarge := &refusal{http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf(
+		"the request header is larger than %d bytes; send a shorter request", p.cfg.MaxHeaderBytes)}
+	readErr := func(err error) *refusal {
+		var ne net.Error
+		switch {
+		case lr.n <= 0 || errors.Is(err, errHeaderTooLarge):
+			return tooLarge
+		case errors.As(err, &ne) && ne.Timeout():
+			return &refusal{http.StatusRequestTimeout, fmt.Sprintf(
+				"the request header did not arrive within %v; send the whole request at once", p.cfg.HeaderTimeout)}
+		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+			return &refusal{http.StatusBadRequest, "the request header ended early; send a complete request"}
+		default:
+			return &refusal{http.StatusBadRequest, "malformed request header: " + quote(err.Error())}
+		}
+	}
+
+	line, err := readLine(br)
+	if err != nil {
+		if lr.read == 0 && errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+			return nil, nil, nil
+		}
+		return nil, nil, readErr(err)
+	}
+	req := &request{}
+	method, rest, ok := strings.Cut(line, " ")
+	i := strings.LastIndexByte(rest, ' ')
+	if !ok || i < 0 || method == "" {
+		return nil, nil, &refusal{http.StatusBadRequest, fmt.Sprintf(
+			`malformed request line %s; send "CONNECT host:port HTTP/1.1"`, quote(line))}
+	}
+	req.method, req.target, req.proto = method, rest[:i], rest[i+1:]
+	if req.proto != "HTTP/1.1" && req.proto != "HTTP/1.0" {
+		return req, nil, &refusal{http.StatusBadRequest, fmt.Sprintf(
+			`unsupported protocol %s; this proxy speaks HTTP/1.1: send "CONNECT host:port HTTP/1.1"`, quote(req.proto))}
+	}
+	if req.header, err = tp.ReadMIMEHeader(); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return nil, nil, nil
+		}
+		return req, nil, readErr(err)
+	}
+	if lr.read-int64(br.Buffered()) > int64(p.cfg.MaxHeaderBytes) {
+		return req, nil, tooLarge
+	}
+	c.SetReadDeadline(time.Time{})
+	return req, br, nil
+}
+
+// readLine reads the request line. Unlike textproto.Reader.ReadLine, it
+// fails when the connection ends or times out before the line's '\n'
+// rather than returning the fragment as if it were a whole line. Its length
+// is bounded by the limitReader under br.
+func readLine(br *bufio.Reader) (string, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		line = append(line, frag...)
+		if err == nil {
+			break
+		}
+		if err != bufio.ErrBufferFull {
+			return "", err
+		}
+	}
+	line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+	return string(line), nil
+}
+
+// decide checks a request and, if it is allowed, returns the upstream
+// connection with one of the sandbox's tunnel slots held for it. It fills d
+// as it goes. extra holds response headers for a refusal.
+func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandboxState) (up net.Conn, ref *refusal, extra []string) {
+	d.Host = truncate(req.target, maxLoggedHost)
+	if ok, wait := sb.allow(time.Now()); !ok {
+		return nil, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
+			"this sandbox sends proxy requests faster than %v per second, the limit; slow down and retry", float64(p.cfg.Rate)),
+		}, []string{"Retry-After", strconv.Itoa(retryAfterSeconds(wait))}
+	}
+	if req.method != http.MethodConnect {
+		return nil, &refusal{http.StatusMethodNotAllowed, fmt.Sprintf(
+			"this proxy only tunnels HTTPS with CONNECT (got %s); use an https:// URL, plain HTTP is refused", quote(req.method)),
+		}, []string{"Allow", http.MethodConnect}
+	}
+	// A CONNECT request has no content (RFC 9110 9.3.6). "Content-Length: 0"
+	// is tolerated, as some clients send it; anything else would leave body
+	// bytes that are neither header nor tunnel.
+	cl, te := req.header.Values("Content-Length"), req.header.Values("Transfer-Encoding")
+	if len(te) > 0 || len(cl) > 1 || len(cl) == 1 && strings.TrimSpace(cl[0]) != "0" {
+		return nil, &refusal{http.StatusBadRequest,
+			"a CONNECT request must not have a body; remove the Content-Length or Transfer-Encoding header"}, nil
+	}
+
+	t, ref := parseTarget(req.target)
+	d.Host, d.Port = t.host, t.port
+	if ref != nil {
+		return nil, ref, nil
+	}
+	d.Normalized = t.norm
+	hostport := quote(t.norm + ":" + strconv.Itoa(t.port))
+	rule, ok := p.cfg.Allow.Match(t.norm, t.port)
+	if !ok {
+		reason := fmt.Sprintf("%s is not on this server's --allow-host list; use an allowed host, or ask the operator to add it", hostport)
+		if ports := p.cfg.Allow.ports(t.norm); len(ports) > 0 {
+			reason = fmt.Sprintf("%s is not on this server's --allow-host list: %s is allowed on port %s only",
+				hostport, t.norm, joinInts(ports))
+		}
+		return nil, &refusal{http.StatusForbidden, reason}, nil
+	}
+	d.Rule = rule
+
+	if !sb.acquire(&sb.tunnels, p.cfg.MaxTunnels) {
+		return nil, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
+			"this sandbox already has %d open tunnels, the limit; close some connections and retry", p.cfg.MaxTunnels),
+		}, []string{"Retry-After", "1"}
+	}
+	defer func() {
+		if ref != nil {
+			sb.release(&sb.tunnels)
+		}
+	}()
+
+	addr, ref := p.resolve(ctx, t.norm, t.port, d)
+	if ref != nil {
+		return nil, ref, nil
+	}
+	d.Addr = addr
+	up, err := p.dial(ctx, addr, t.port)
+	if err != nil {
+		return nil, p.dialRefusal(ctx, err, hostport, addr), nil
+	}
+	return up, nil, nil
+}
+
+// resolve looks the name up once and checks every answer. Policy for mixed
+// answers: strict. If any address is refused, the request is refused, so a
+// name that points partly inside never reaches anything. Otherwise the first
+// address is the one dialled, and only that one: no fallback.
+func (p *Proxy) resolve(ctx context.Context, name string, port int, d *Decision) (netip.Addr, *refusal) {
+	lctx, cancel := context.WithTimeout(ctx, p.cfg.DNSTimeout)
+	defer cancel()
+	addrs, err := p.resolver.LookupNetIP(lctx, "ip", lookupName(name))
+	d.Resolved = make([]netip.Addr, len(addrs))
+	for i, a := range addrs {
+		d.Resolved[i] = a.WithZone("")
+	}
+	if err != nil {
+		var why string
+		var dnsErr *net.DNSError
+		switch {
+		case ctx.Err() != nil:
+			return netip.Addr{}, shuttingDown
+		case lctx.Err() == context.DeadlineExceeded:
+			why = fmt.Sprintf("the lookup timed out after %v; try again later", p.cfg.DNSTimeout)
+		case errors.As(err, &dnsErr):
+			why = dnsErr.Err
+		default:
+			why = "the lookup failed"
+		}
+		return netip.Addr{}, &refusal{http.StatusBadGateway, fmt.Sprintf("could not resolve %s: %s", quote(name), why)}
+	}
+	if len(addrs) == 0 {
+		return netip.Addr{}, &refusal{http.StatusBadGateway, fmt.Sprintf("could not resolve %s: it has no addresses", quote(name))}
+	}
+	for _, a := range d.Resolved {
+		// Resolvers return IPv4 addresses in IPv4-mapped form at times
+		// (Go's reads /etc/hosts that way); what is checked and dialled is
+		// the plain IPv4 address, which is what a mapped one reaches.
+		a = a.Unmap()
+		if why := p.checkAddr(a, uint16(port)); why != "" {
+			d.Addr = a
+			return netip.Addr{}, &refusal{http.StatusForbidden, fmt.Sprintf("%s resolved to %s", quote(name), why)}
+		}
+	}
+	return d.Resolved[0].Unmap(), nil
+}
+
+// lookupName is the name given to the resolver. A name with a dot is looked
+// up fully qualified ("api.example.com."), so resolv.conf search domains can
+// never turn an allowed name into another one. A single-label name (say
+// "localhost") is looked up as given: the operator listed it expecting
+// /etc/hosts or the search list to complete it.
+func lookupName(name string) string {
+	if strings.Contains(name, ".") {
+		return name + "."
+	}
+	return name
+}
+
+func (p *Proxy) dialRefusal(ctx context.Context, err error, hostport string, addr netip.Addr) *refusal {
+	var denied *deniedError
+	var ne net.Error
+	switch {
+	case errors.As(err, &denied):
+		return &refusal{http.StatusForbidden, fmt.Sprintf("%s: %s", hostport, denied.reason)}
+	case ctx.Err() != nil:
+		return shuttingDown
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		return &refusal{http.StatusGatewayTimeout, fmt.Sprintf(
+			"connecting to %s (%s) timed out after %v; the host may be down or unreachable", hostport, addr, p.cfg.ConnectTimeout)}
+	default:
+		return &refusal{http.StatusBadGateway, fmt.Sprintf("connecting to %s (%s) failed: %s", hostport, addr, quote(innermost(err)))}
+	}
+}
+
+var shuttingDown = &refusal{http.StatusServiceUnavailable, "the proxy is shutting down; retry later"}
+
+// innermost extracts the innermost error text ("connection refused")
+// without the local addresses that *net.OpError includes.
+func innermost(err error) string {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			return err.Error()
+		}
+		err = u
+	}
+}
+
+// refuse logs the decision and sends the refusal, then closes gracefully.
+func (p *Proxy) refuse(c net.Conn, d *Decision, ref *refusal, extra ...string) {
+	d.Status, d.Reason = ref.status, ref.reason
+	p.logDecision(d)
+	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+	if writeRefusal(c, ref.status, ref.reason, extra...) != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	c.SetReadDeadline(time.Now().Add(min(lingerTimeout, p.cfg.HeaderTimeout)))
+	io.CopyN(io.Discard, c, maxLingerBytes)
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ")
+}
