@@ -68,6 +68,9 @@ type Options struct {
 	UID, GID int
 	// TmpBytes is the size of /tmp; 0 means DefaultTmpBytes.
 	TmpBytes int64
+	// MaxSandboxes caps the sandboxes alive at once; a new session's
+	// sandbox beyond it gets BUSY. 0 means no cap.
+	MaxSandboxes int
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -172,6 +175,9 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 	}
 	if s := m.byKey[key]; s != nil {
 		return s, nil
+	}
+	if max := m.opts.MaxSandboxes; max > 0 && len(m.byID) >= max {
+		return nil, errorf(policy.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &Sandbox{

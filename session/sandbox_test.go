@@ -352,3 +352,24 @@ func TestIdleTimeoutRemovesTheContainer(t *testing.T) {
 	}
 	run(t, sb, "true")
 }
+
+func TestMaxSandboxes(t *testing.T) {
+	m := testManager(t, func(o *Options) { o.MaxSandboxes = 2 })
+	for _, k := range []string{"a", "b"} {
+		if _, err := m.Sandbox(k, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Sandbox("a", ""); err != nil {
+		t.Fatalf("an existing sandbox must stay reachable: %v", err)
+	}
+	_, err := m.Sandbox("c", "")
+	e := wantCode(t, err, policy.Busy)
+	if !strings.Contains(e.Message, "--max-sessions") {
+		t.Errorf("message: %s", e.Message)
+	}
+	m.Release("a")
+	if _, err := m.Sandbox("c", ""); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+}

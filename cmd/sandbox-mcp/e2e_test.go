@@ -582,3 +582,45 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("doctor with a missing image: %v\n%s", err, out)
 	}
 }
+
+// TestDefaultImage runs the tools in the default image (make image), which
+// gives agents what they expect: bash, coreutils, python3, git, curl, tar,
+// procps.
+func TestDefaultImage(t *testing.T) {
+	s := startServer(t, serverOpts{image: testenv.DefaultImage(t)})
+	script := `set -e
+bash --version | head -1
+python3 -c 'import sys; print("python", sys.version_info[0])'
+git --version
+curl --version | head -1
+tar --version | head -1
+ps -o pid,comm | head -1
+id -un
+cd /workspace && git init -q repo && cd repo && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m init && git log --oneline | wc -l`
+	out := s.ok("sandbox_exec", map[string]any{"argv": []string{"bash", "-c", script}})
+	if out["exit_code"].(float64) != 0 {
+		t.Fatalf("default image tools: %v", out)
+	}
+	for _, want := range []string{"GNU bash", "python 3", "git version", "curl ", "tar (GNU tar)", "PID", "sandbox", "\n1\n"} {
+		if !strings.Contains(out["stdout"].(string), want) {
+			t.Errorf("output lacks %q:\n%s", want, out["stdout"])
+		}
+	}
+	// A plot made in the sandbox comes back as an image.
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"python3", "-c", `
+import struct, zlib
+def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+raw = b"".join(b"\x00" + b"\xff\x00\x00" * 4 for _ in range(4))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+open("plot.png", "wb").write(png)`}})
+	res := s.call("sandbox_read_file", map[string]any{"path": "plot.png"})
+	found := false
+	for _, c := range res.Content {
+		if ic, ok := c.(*mcp.ImageContent); ok && ic.MIMEType == "image/png" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no image content: %s", text(res))
+	}
+}
