@@ -3,6 +3,7 @@ package session
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
@@ -52,6 +53,10 @@ type ContainerParams struct {
 
 	// Network is "none" or the name of the sandbox's own internal network.
 	Network string
+	// DNS replaces the engine's upstream resolvers (nil keeps them). A
+	// sandbox on an internal network gets its gateway, where the firewall
+	// refuses port 53: lookups fail at once, and no query leaves.
+	DNS []netip.Addr
 	// Runtime is the OCI runtime ("" for the engine's default, or "runsc").
 	Runtime string
 }
@@ -103,6 +108,7 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		Init:           &yes,
 		Runtime:        p.Runtime,
 		IpcMode:        container.IPCModePrivate,
+		DNS:            append([]netip.Addr(nil), p.DNS...),
 		Tmpfs: map[string]string{
 			WorkspaceDir: wsOpts,
 			"/tmp":       fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", p.TmpBytes),

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -76,6 +77,9 @@ func TestContainerSpec(t *testing.T) {
 	check("runtime default", h.Runtime == "")
 	check("no restart", h.RestartPolicy.Name == "" || h.RestartPolicy.Name == "no")
 	check("no extra hosts or dns", len(h.ExtraHosts) == 0 && len(h.DNS) == 0)
+	p.DNS = []netip.Addr{netip.MustParseAddr("198.18.0.1")}
+	check("dns replaced", slices.Equal(ContainerSpec(p).HostConfig.DNS, p.DNS))
+	p.DNS = nil
 
 	ws := h.Tmpfs["/workspace"]
 	for _, opt := range []string{"rw", "exec", "nosuid", "nodev", "size=536870912", "uid=1000", "gid=1000", "mode=0755"} {

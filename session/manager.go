@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -71,6 +73,23 @@ type Options struct {
 	// MaxSandboxes caps the sandboxes alive at once; a new session's
 	// sandbox beyond it gets BUSY. 0 means no cap.
 	MaxSandboxes int
+
+	// With Policy.Network = allowlist, each sandbox gets its own internal
+	// network whose only way out is the egress proxy on its gateway. The
+	// fields below configure that.
+
+	// NetworkPool is where sandbox networks take /29 subnets; the zero
+	// value means DefaultNetworkPool.
+	NetworkPool netip.Prefix
+	// Resolver and Dialer replace the proxy's defaults (tests use them).
+	Resolver netproxy.Resolver
+	Dialer   netproxy.Dialer
+	// DenyAddrs are addresses no tunnel may reach, such as the MCP HTTP
+	// listener (port 0: every port).
+	DenyAddrs []netip.AddrPort
+	// OnProxyDecision, if set, sees every proxy decision (for the audit
+	// log); it must be quick and safe for concurrent use.
+	OnProxyDecision func(netproxy.Decision)
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -82,6 +101,8 @@ type Manager struct {
 	log   *slog.Logger
 	image string // runtime image
 	snaps *SnapshotStore
+	proxy *netproxy.Proxy // nil unless the policy allows some hosts
+	fw    *firewall
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -132,6 +153,35 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !opts.NetworkPool.IsValid() {
+		opts.NetworkPool = DefaultNetworkPool
+	}
+	if !opts.NetworkPool.Addr().Is4() || opts.NetworkPool.Bits() > 29 {
+		return nil, fmt.Errorf("session: network pool %s must be an IPv4 prefix of /29 or larger", opts.NetworkPool)
+	}
+	var proxy *netproxy.Proxy
+	var fw *firewall
+	if opts.Policy.Network == policy.NetworkAllowlist {
+		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
+		if err != nil {
+			return nil, err
+		}
+		proxy, err = netproxy.New(netproxy.Config{
+			Allow:        allow,
+			AllowPrivate: opts.Policy.AllowPrivateNetworks,
+			Resolver:     opts.Resolver,
+			Dialer:       opts.Dialer,
+			Logger:       log,
+			OnDecision:   opts.OnProxyDecision,
+			DenyAddrs:    opts.DenyAddrs,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if fw, err = newFirewall(); err != nil {
+			return nil, fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with iptables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN, with iptables installed (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
+		}
+	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts:   opts,
@@ -139,6 +189,8 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		log:    log.With("instance", opts.Instance),
 		image:  img,
 		snaps:  snaps,
+		proxy:  proxy,
+		fw:     fw,
 		ctx:    mctx,
 		cancel: cancel,
 		byKey:  make(map[string]*Sandbox),
@@ -146,6 +198,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	if _, err := m.Sweep(ctx); err != nil {
 		m.log.Warn("session: sweep of leftovers failed", "err", err)
+	}
+	if _, err := m.sweepNetworks(ctx); err != nil {
+		m.log.Warn("session: sweep of leftover networks failed", "err", err)
 	}
 	if opts.IdleTimeout > 0 {
 		m.wg.Add(1)
@@ -261,12 +316,12 @@ func (m *Manager) Close(ctx context.Context) error {
 
 // labels returns the labels of a sandbox's engine objects.
 func (m *Manager) labels(s *Sandbox) map[string]string {
-	return map[string]string{
-		LabelManaged:  "1",
-		LabelInstance: m.opts.Instance,
-		LabelSandbox:  s.id,
-		LabelCreated:  time.Now().UTC().Format(time.RFC3339),
-	}
+	l := ownerLabels()
+	l[LabelManaged] = "1"
+	l[LabelInstance] = m.opts.Instance
+	l[LabelSandbox] = s.id
+	l[LabelCreated] = time.Now().UTC().Format(time.RFC3339)
+	return l
 }
 
 // startInstance creates, attaches and starts a container for s and waits
@@ -277,13 +332,30 @@ func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance
 	s.gen++
 	name := fmt.Sprintf("sandbox-mcp-%s-%d", s.id, s.gen)
 	p := m.opts.Policy
+	inst = &instance{name: name, quiet: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			m.removeInstance(inst)
+		}
+	}()
+	env := m.sandboxEnv()
+	netName, dns := "none", []netip.Addr(nil)
+	if m.proxy != nil {
+		n, err := m.openNet(ctx, s, name)
+		if err != nil {
+			return inst, err
+		}
+		inst.net = n
+		env = append(env, n.env()...)
+		netName, dns = n.name, []netip.Addr{n.gateway}
+	}
 	spec := ContainerSpec(ContainerParams{
 		Name:              name,
 		Image:             m.image,
 		Labels:            m.labels(s),
 		UID:               m.opts.UID,
 		GID:               m.opts.GID,
-		Env:               m.sandboxEnv(),
+		Env:               env,
 		WorkspaceBytes:    p.MaxWorkspaceBytes,
 		WorkspaceReadOnly: p.ReadOnly,
 		TmpBytes:          m.opts.TmpBytes,
@@ -291,20 +363,16 @@ func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance
 		NanoCPUs:          int64(p.CPUs * 1e9),
 		Pids:              p.Pids,
 		NoFile:            DefaultNoFile,
-		Network:           "none",
+		Network:           netName,
+		DNS:               dns,
 		Runtime:           m.opts.Runtime,
 	})
 	start := time.Now()
 	created, err := m.cli.ContainerCreate(ctx, spec)
 	if err != nil {
-		return nil, engineError("create the sandbox container", err)
+		return inst, engineError("create the sandbox container", err)
 	}
-	inst = &instance{containerID: created.ID, name: name, quiet: make(chan struct{})}
-	defer func() {
-		if err != nil {
-			m.removeInstance(inst)
-		}
-	}()
+	inst.containerID = created.ID
 	att, err := m.cli.ContainerAttach(ctx, created.ID, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
 		return inst, engineError("attach to the sandbox container", err)
@@ -385,10 +453,15 @@ func (m *Manager) removeInstance(inst *instance) {
 	if inst.conn != nil {
 		inst.conn.fail(errors.New("the sandbox was removed"))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := removeContainer(ctx, m.cli, inst.containerID); err != nil {
-		m.log.Warn("session: remove container", "container", inst.containerID, "err", err)
+	if inst.containerID != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := removeContainer(ctx, m.cli, inst.containerID); err != nil {
+			m.log.Warn("session: remove container", "container", inst.containerID, "err", err)
+		}
+	}
+	if inst.net != nil {
+		m.closeNet(inst.net)
 	}
 }
 
@@ -436,7 +509,8 @@ func (m *Manager) Sweep(ctx context.Context) (int, error) {
 	n := 0
 	now := time.Now()
 	for _, c := range list.Items {
-		if !orphaned(string(c.State), time.Unix(c.Created, 0), now) {
+		if !orphaned(string(c.State), time.Unix(c.Created, 0), now) &&
+			!(string(c.State) == "created" && ownerGone(c.Labels)) {
 			continue
 		}
 		if err := removeContainer(ctx, m.cli, c.ID); err != nil {

@@ -54,6 +54,7 @@ type instance struct {
 	// quiet, when closed, stops the heartbeats (a test uses it to play a
 	// frozen server).
 	quiet chan struct{}
+	net   *sandboxNet // nil with --network=none
 }
 
 // ID returns the sandbox's id, as reported in every tool result.

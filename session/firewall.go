@@ -1,0 +1,120 @@
+package session
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/coreos/go-iptables/iptables"
+)
+
+// FirewallChain is the iptables chain (filter table) that holds the rules
+// keeping sandboxes off the host. INPUT jumps to it first.
+const FirewallChain = "SANDBOX-MCP"
+
+// firewall keeps a sandbox network's containers away from every port of the
+// host but the egress proxy's. A Docker internal network still gives the
+// host an address on the network's bridge, and anything listening on it (or
+// on 0.0.0.0) would be reachable from the sandbox: the MCP HTTP port, a
+// DNS forwarder, sshd. The rules match packets arriving on the sandbox's
+// bridge: TCP to the proxy's address and port is accepted; other TCP is
+// reset and everything else refused, so a wrong door fails at once instead
+// of timing out.
+type firewall struct {
+	ipt *iptables.IPTables
+}
+
+// newFirewall checks that iptables can be changed (root or CAP_NET_ADMIN)
+// and makes sure INPUT jumps to FirewallChain.
+func newFirewall() (*firewall, error) {
+	ipt, err := iptables.New(iptables.Timeout(10))
+	if err != nil {
+		return nil, err
+	}
+	ok, err := ipt.ChainExists("filter", FirewallChain)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if err := ipt.NewChain("filter", FirewallChain); err != nil {
+			return nil, err
+		}
+	}
+	jump := []string{"-m", "comment", "--comment", "sandbox-mcp", "-j", FirewallChain}
+	if err := ipt.InsertUnique("filter", "INPUT", 1, jump...); err != nil {
+		return nil, err
+	}
+	return &firewall{ipt: ipt}, nil
+}
+
+// comment tags every rule of one network, so rules can be found again.
+func ruleComment(network string) string { return "sandbox-mcp:" + network }
+
+func (f *firewall) rules(network, bridge string, gw netip.Addr, port int) [][]string {
+	c := []string{"-m", "comment", "--comment", ruleComment(network)}
+	return [][]string{
+		append([]string{"-i", bridge, "-p", "tcp", "-d", gw.String(), "--dport", strconv.Itoa(port)}, append(c, "-j", "ACCEPT")...),
+		append([]string{"-i", bridge, "-p", "tcp"}, append(c, "-j", "REJECT", "--reject-with", "tcp-reset")...),
+		append([]string{"-i", bridge}, append(c, "-j", "REJECT", "--reject-with", "icmp-port-unreachable")...),
+	}
+}
+
+// isolate installs a network's rules.
+func (f *firewall) isolate(network, bridge string, gw netip.Addr, port int) error {
+	for _, r := range f.rules(network, bridge, gw, port) {
+		if err := f.ipt.AppendUnique("filter", FirewallChain, r...); err != nil {
+			f.release(network)
+			return fmt.Errorf("firewall: %w", err)
+		}
+	}
+	return nil
+}
+
+// release removes every rule of a network.
+func (f *firewall) release(network string) error {
+	return f.removeWhere(func(comment string) bool { return comment == ruleComment(network) })
+}
+
+// removeWhere deletes the chain's rules whose comment matches.
+func (f *firewall) removeWhere(match func(comment string) bool) error {
+	rules, err := f.ipt.List("filter", FirewallChain)
+	if err != nil {
+		return err
+	}
+	var firstErr error
+	for _, r := range rules {
+		comment := ruleCommentOf(r)
+		if comment == "" || !match(comment) {
+			continue
+		}
+		spec := strings.Fields(strings.TrimPrefix(r, "-A "+FirewallChain+" "))
+		for i, w := range spec { // iptables -S quotes comments with spaces; ours have none
+			spec[i] = strings.Trim(w, `"`)
+		}
+		if err := f.ipt.DeleteIfExists("filter", FirewallChain, spec...); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// ruleCommentOf returns the --comment value of a rule as iptables -S prints
+// it, or "".
+func ruleCommentOf(rule string) string {
+	f := strings.Fields(rule)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "--comment" {
+			return strings.Trim(f[i+1], `"`)
+		}
+	}
+	return ""
+}
+
+// sweep removes the rules of networks that no longer exist.
+func (f *firewall) sweep(exists func(network string) bool) error {
+	return f.removeWhere(func(comment string) bool {
+		network, ok := strings.CutPrefix(comment, "sandbox-mcp:")
+		return ok && !exists(network)
+	})
+}

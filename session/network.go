@@ -1,0 +1,211 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// DefaultNetworkPool is where sandbox networks take their subnets: the
+// benchmarking range (RFC 2544), which real networks rarely use, cut into
+// /29s, enough for thousands of sandboxes (Docker's default pools hold about
+// thirty networks).
+var DefaultNetworkPool = netip.MustParsePrefix("198.18.0.0/15")
+
+// sandboxNet is a sandbox's own internal network and the proxy listener on
+// its gateway.
+type sandboxNet struct {
+	id, name, bridge string
+	gateway          netip.Addr
+	port             int
+	stop             context.CancelFunc
+	served           chan struct{}
+	firewalled       bool
+}
+
+// proxyURL is the address sandboxed programs reach the proxy at.
+func (n *sandboxNet) proxyURL() string {
+	return "http://" + netip.AddrPortFrom(n.gateway, uint16(n.port)).String()
+}
+
+// env is what a sandbox's programs need to find the proxy.
+func (n *sandboxNet) env() []string {
+	u := n.proxyURL()
+	noProxy := "localhost,127.0.0.1,::1"
+	return []string{
+		"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
+		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy,
+	}
+}
+
+// bridgeName derives the host interface name of a network (at most 15
+// bytes).
+func bridgeName(network string) string {
+	sum := sha256.Sum256([]byte(network))
+	return "sbx-" + hex.EncodeToString(sum[:])[:11]
+}
+
+// pickSubnet returns a random /29 of pool.
+func pickSubnet(pool netip.Prefix) netip.Prefix {
+	bits := 29 - pool.Bits()
+	if bits <= 0 || !pool.Addr().Is4() {
+		return pool.Masked()
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	n := binary.BigEndian.Uint32(b[:]) % (1 << bits)
+	base := binary.BigEndian.Uint32(pool.Masked().Addr().AsSlice())
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], base+n<<3)
+	return netip.PrefixFrom(netip.AddrFrom4(out), 29)
+}
+
+// openNet creates a sandbox's internal network, starts the proxy on its
+// gateway address only, and firewalls every other port of the host away
+// from it. On failure nothing is left behind.
+func (m *Manager) openNet(ctx context.Context, s *Sandbox, name string) (n *sandboxNet, err error) {
+	n = &sandboxNet{name: name, bridge: bridgeName(name)}
+	defer func() {
+		if err != nil {
+			m.closeNet(n)
+		}
+	}()
+	no := false
+	var created client.NetworkCreateResult
+	for attempt := 0; ; attempt++ {
+		subnet := pickSubnet(m.opts.NetworkPool)
+		gw := subnet.Addr().Next()
+		created, err = m.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
+			Driver:     "bridge",
+			Internal:   true,
+			EnableIPv6: &no,
+			Labels:     m.labels(s),
+			IPAM:       &network.IPAM{Config: []network.IPAMConfig{{Subnet: subnet, Gateway: gw}}},
+			Options: map[string]string{
+				"com.docker.network.bridge.name":                 n.bridge,
+				"com.docker.network.bridge.enable_icc":           "false",
+				"com.docker.network.bridge.enable_ip_masquerade": "false",
+			},
+		})
+		if err == nil {
+			n.gateway = gw
+			break
+		}
+		// The subnet may overlap another network's (engines report that
+		// in several ways): try another, unless the engine is gone.
+		if attempt < 8 && !client.IsErrConnectionFailed(err) && ctx.Err() == nil {
+			continue
+		}
+		return n, engineError("create the sandbox's network", err)
+	}
+	n.id = created.ID
+
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(n.gateway, 0).String())
+	if err != nil {
+		if errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return n, errorf(policy.Unavailable, "the egress proxy cannot listen on the sandbox network's gateway %s: this server does not share the host's network namespace. When sandbox-mcp runs in a container, run that container with --network host (see the README); or use --network=none", n.gateway)
+		}
+		return n, fmt.Errorf("listen on the sandbox network's gateway %s: %w", n.gateway, err)
+	}
+	n.port = ln.Addr().(*net.TCPAddr).Port
+	if m.fw != nil {
+		if err := m.fw.isolate(n.name, n.bridge, n.gateway, n.port); err != nil {
+			ln.Close()
+			return n, fmt.Errorf("firewall the sandbox network: %w", err)
+		}
+		n.firewalled = true
+	}
+	pctx, stop := context.WithCancel(m.ctx)
+	n.stop, n.served = stop, make(chan struct{})
+	go func() {
+		defer close(n.served)
+		if err := m.proxy.Serve(pctx, ln, s.id); err != nil {
+			m.log.Warn("session: proxy stopped", "sandbox", s.id, "err", err)
+		}
+	}()
+	return n, nil
+}
+
+// closeNet stops a network's proxy and removes its rules and the network.
+// The network's container must be gone already.
+func (m *Manager) closeNet(n *sandboxNet) {
+	if n.stop != nil {
+		n.stop()
+		<-n.served
+	}
+	if n.firewalled {
+		if err := m.fw.release(n.name); err != nil {
+			m.log.Warn("session: remove firewall rules", "network", n.name, "err", err)
+		}
+	}
+	if n.id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		_, err := m.cli.NetworkRemove(ctx, n.id, client.NetworkRemoveOptions{})
+		if err == nil || cerrdefs.IsNotFound(err) {
+			return
+		}
+		// An endpoint can linger a moment after its container is gone.
+		if ctx.Err() != nil {
+			m.log.Warn("session: remove network", "network", n.name, "err", err)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// sweepNetworks removes sandbox networks no container uses whose owner is
+// gone (or that are older than the grace period), and firewall rules of
+// networks that no longer exist.
+func (m *Manager) sweepNetworks(ctx context.Context) (int, error) {
+	list, err := m.cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", LabelManaged+"=1")})
+	if err != nil {
+		return 0, engineError("list networks", err)
+	}
+	names := map[string]bool{}
+	removed := 0
+	now := time.Now()
+	for _, nw := range list.Items {
+		names[nw.Name] = true
+		insp, err := m.cli.NetworkInspect(ctx, nw.ID, client.NetworkInspectOptions{})
+		if err != nil || len(insp.Network.Containers) > 0 {
+			continue
+		}
+		if nw.Labels[LabelInstance] == m.opts.Instance {
+			continue // ours: removed with its sandbox
+		}
+		if !ownerGone(nw.Labels) && now.Sub(nw.Created) < orphanGrace {
+			continue
+		}
+		if _, err := m.cli.NetworkRemove(ctx, nw.ID, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+			m.log.Warn("session: sweep: remove network", "network", nw.Name, "err", err)
+			continue
+		}
+		delete(names, nw.Name)
+		removed++
+		m.log.Info("session: swept orphaned network", "network", nw.Name, "instance", nw.Labels[LabelInstance])
+	}
+	if m.fw != nil {
+		if err := m.fw.sweep(func(network string) bool { return names[network] }); err != nil {
+			m.log.Warn("session: sweep firewall rules", "err", err)
+		}
+	}
+	return removed, nil
+}

@@ -1,0 +1,265 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// mapResolver resolves test names to fixed addresses.
+type mapResolver map[string][]netip.Addr
+
+func (r mapResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := r[strings.TrimSuffix(host, ".")]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// canary listens on addr and counts connections; an echo canary also
+// echoes what it reads.
+type canary struct {
+	ln    net.Listener
+	count atomic.Int64
+}
+
+func listen(t *testing.T, addr string, echo bool) *canary {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &canary{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.count.Add(1)
+			go func() {
+				defer conn.Close()
+				if echo {
+					conn.SetDeadline(time.Now().Add(10 * time.Second))
+					io.Copy(conn, conn)
+				}
+			}()
+		}
+	}()
+	return c
+}
+
+func (c *canary) port() int { return c.ln.Addr().(*net.TCPAddr).Port }
+
+// hostIP returns an address of this host outside loopback and Docker's
+// networks, which a sandbox must not reach either.
+func hostIP(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("sh", "-c", "ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p'").Output()
+	ip := strings.TrimSpace(string(out))
+	if err != nil || ip == "" {
+		t.Fatalf("no host address found: %v", err)
+	}
+	return ip
+}
+
+// proxyScript sends one CONNECT through the sandbox's proxy and prints the
+// answer.
+func proxyScript(target, payload string) string {
+	return fmt.Sprintf(`p=${HTTPS_PROXY#http://}; { printf 'CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n'; sleep 0.5; printf '%s'; sleep 0.5; } | nc -w 2 ${p%%:*} ${p##*:}`, target, target, payload)
+}
+
+func egressManager(t *testing.T, allowPrivate bool, hosts ...string) *Manager {
+	return testManager(t, func(o *Options) {
+		o.Policy.Network = policy.NetworkAllowlist
+		o.Policy.AllowHosts = hosts
+		o.Policy.AllowPrivateNetworks = allowPrivate
+		o.Resolver = mapResolver{
+			"api.test":      {netip.MustParseAddr("127.0.0.1")},
+			"blocked.test":  {netip.MustParseAddr("127.0.0.1")},
+			"metadata.test": {netip.MustParseAddr("169.254.169.254")},
+		}
+	})
+}
+
+func TestEgressThroughTheProxyOnly(t *testing.T) {
+	upstream := listen(t, "127.0.0.1:0", true)
+	m := egressManager(t, true, fmt.Sprintf("api.test:%d", upstream.port()), fmt.Sprintf("metadata.test:%d", upstream.port()))
+	sb := newSandbox(t, m)
+
+	// The allowed name, through the proxy, reaches the upstream.
+	res := sh(t, sb, proxyScript(fmt.Sprintf("api.test:%d", upstream.port()), "ping-through-tunnel"))
+	out := string(res.Stdout)
+	if !strings.Contains(out, "HTTP/1.1 200") || !strings.Contains(out, "ping-through-tunnel") {
+		t.Fatalf("allowed CONNECT: %q %q", out, res.Stderr)
+	}
+	// Another name: 403 with the reason, and no dial.
+	before := upstream.count.Load()
+	out = string(sh(t, sb, proxyScript(fmt.Sprintf("blocked.test:%d", upstream.port()), "x")).Stdout)
+	if !strings.Contains(out, "403") || !strings.Contains(out, "--allow-host") {
+		t.Fatalf("unlisted name: %q", out)
+	}
+	// An allowed name that resolves to a metadata address stays refused
+	// even with private networks allowed.
+	out = string(sh(t, sb, proxyScript(fmt.Sprintf("metadata.test:%d", upstream.port()), "x")).Stdout)
+	if !strings.Contains(out, "403") {
+		t.Fatalf("metadata address: %q", out)
+	}
+	if upstream.count.Load() != before {
+		t.Fatal("a refused request reached the upstream")
+	}
+
+	// No other door: not the host's other ports on the gateway, not the
+	// host's own address, not the outside, not DNS.
+	wild := listen(t, "0.0.0.0:0", false)
+	gwScript := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; nc -w 2 ${p%%:*} %d </dev/null; echo rc=$?`, wild.port())
+	start := time.Now()
+	for name, script := range map[string]string{
+		"gateway, another port": gwScript,
+		"host address":          fmt.Sprintf("nc -w 2 %s %d </dev/null; echo rc=$?", hostIP(t), wild.port()),
+		"outside address":       "nc -w 2 1.1.1.1 443 </dev/null; echo rc=$?",
+		"dns":                   "nslookup example.com >/dev/null 2>&1; echo rc=$?",
+		"dns at the gateway":    `p=${HTTPS_PROXY#http://}; nslookup example.com ${p%%:*} >/dev/null 2>&1; echo rc=$?`,
+	} {
+		out := strings.TrimSpace(string(sh(t, sb, script).Stdout))
+		if out == "rc=0" {
+			t.Errorf("%s: reachable from the sandbox", name)
+		}
+	}
+	if wild.count.Load() != 0 {
+		t.Fatalf("a host listener on 0.0.0.0 accepted %d connections from the sandbox", wild.count.Load())
+	}
+	t.Logf("refused doors took %s", time.Since(start).Round(time.Millisecond))
+
+	// The container joined its own internal network, with the gateway as
+	// its only resolver.
+	insp, err := m.cli.ContainerInspect(context.Background(), sb.ContainerID(), client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := insp.Container.HostConfig
+	netName := string(h.NetworkMode)
+	if !strings.HasPrefix(netName, "sandbox-mcp-"+sb.ID()) || len(h.DNS) != 1 {
+		t.Fatalf("network mode %q, dns %v", netName, h.DNS)
+	}
+	nw, err := m.cli.NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !nw.Network.Internal || nw.Network.Labels[LabelSandbox] != sb.ID() || nw.Network.Labels[LabelInstance] != m.Instance() {
+		t.Fatalf("network: internal %v labels %v", nw.Network.Internal, nw.Network.Labels)
+	}
+	if len(nw.Network.IPAM.Config) != 1 || !DefaultNetworkPool.Contains(nw.Network.IPAM.Config[0].Subnet.Addr()) || h.DNS[0] != nw.Network.IPAM.Config[0].Gateway {
+		t.Fatalf("network IPAM %v, dns %v", nw.Network.IPAM.Config, h.DNS)
+	}
+
+	// Removing the sandbox removes the network and its firewall rules.
+	m.Release(t.Name())
+	if _, err := m.cli.NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{}); !isGone(err) {
+		t.Fatalf("network %s left after the sandbox: %v", netName, err)
+	}
+	rules, _ := exec.Command("iptables", "-S", FirewallChain).Output()
+	if strings.Contains(string(rules), netName) {
+		t.Fatalf("firewall rules left:\n%s", rules)
+	}
+}
+
+func TestEgressPrivateAddressRefused(t *testing.T) {
+	upstream := listen(t, "127.0.0.1:0", true)
+	m := egressManager(t, false, fmt.Sprintf("api.test:%d", upstream.port()))
+	sb := newSandbox(t, m)
+	out := string(sh(t, sb, proxyScript(fmt.Sprintf("api.test:%d", upstream.port()), "x")).Stdout)
+	if !strings.Contains(out, "403") || !strings.Contains(out, "--allow-private-networks") {
+		t.Fatalf("an allowed name resolving to loopback: %q", out)
+	}
+	if upstream.count.Load() != 0 {
+		t.Fatal("the loopback upstream was dialled")
+	}
+}
+
+func TestEgressSandboxesCannotReachEachOther(t *testing.T) {
+	m := egressManager(t, false, "api.test:443")
+	a, _ := m.Sandbox("a", "")
+	b, _ := m.Sandbox("b", "")
+	// a listens; b tries to connect to a's address.
+	if _, err := a.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "nc -l -p 8080 >/dev/null 2>&1 &"}, Cwd: ".", Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	ip := strings.TrimSpace(string(sh(t, a, "ip -4 -o addr show eth0 | sed 's/.*inet \\([0-9.]*\\).*/\\1/'").Stdout))
+	if ip == "" {
+		t.Fatal("no address for sandbox a")
+	}
+	if out := strings.TrimSpace(string(sh(t, a, "nc -w 1 127.0.0.1 8080 </dev/null; echo rc=$?").Stdout)); out != "rc=0" {
+		t.Fatalf("a's own listener is not up: %s", out)
+	}
+	if out := strings.TrimSpace(string(sh(t, b, fmt.Sprintf("nc -w 2 %s 8080 </dev/null; echo rc=$?", ip)).Stdout)); out == "rc=0" {
+		t.Fatal("sandbox b reached sandbox a")
+	}
+}
+
+func TestSweepLeftoverNetwork(t *testing.T) {
+	m := egressManager(t, false, "api.test:443")
+	ctx := context.Background()
+	// A network a server that no longer runs left behind: its labels name
+	// this host and a pid that is gone.
+	labels := ownerLabels()
+	labels[LabelPID] = "999999999"
+	labels[LabelManaged] = "1"
+	labels[LabelInstance] = "dead-" + randomID("")[:8]
+	name := "sandbox-mcp-leftover-" + randomID("")[:8]
+	if _, err := m.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{Driver: "bridge", Internal: true, Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.cli.NetworkRemove(context.Background(), name, client.NetworkRemoveOptions{}) })
+	// One of a live server's, just made: left alone.
+	live := ownerLabels()
+	live[LabelManaged] = "1"
+	live[LabelInstance] = "live-" + randomID("")[:8]
+	liveName := "sandbox-mcp-live-" + randomID("")[:8]
+	if _, err := m.cli.NetworkCreate(ctx, liveName, client.NetworkCreateOptions{Driver: "bridge", Internal: true, Labels: live}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.cli.NetworkRemove(context.Background(), liveName, client.NetworkRemoveOptions{}) })
+
+	if _, err := m.sweepNetworks(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{}); !isGone(err) {
+		t.Errorf("the dead server's network was not swept: %v", err)
+	}
+	if _, err := m.cli.NetworkInspect(ctx, liveName, client.NetworkInspectOptions{}); err != nil {
+		t.Errorf("a live server's network was swept: %v", err)
+	}
+}
+
+func TestOwnerGone(t *testing.T) {
+	if ownerGone(ownerLabels()) {
+		t.Fatal("this process counts as gone")
+	}
+	l := ownerLabels()
+	l[LabelStart] = "1"
+	if !ownerGone(l) {
+		t.Fatal("a reused pid (other start time) counts as alive")
+	}
+	l = ownerLabels()
+	l[LabelHost] = "another-host"
+	l[LabelPID] = "999999999"
+	if ownerGone(l) {
+		t.Fatal("another host's process cannot be known gone")
+	}
+	if ownerGone(map[string]string{}) {
+		t.Fatal("no labels: unknown, not gone")
+	}
+}
