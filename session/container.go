@@ -44,7 +44,11 @@ type ContainerParams struct {
 
 	WorkspaceBytes    int64 // size of the /workspace tmpfs
 	WorkspaceReadOnly bool  // mount /workspace read-only
-	TmpBytes          int64 // size of the /tmp tmpfs
+	// WorkspaceInImage leaves /workspace to the image (a read-only
+	// workspace with content, baked into the runtime image) instead of a
+	// tmpfs; the read-only root filesystem keeps it unchanged.
+	WorkspaceInImage bool
+	TmpBytes         int64 // size of the /tmp tmpfs
 
 	Memory   int64 // bytes of memory, and of memory+swap (no swap)
 	NanoCPUs int64 // CPU quota in 1e-9 CPUs
@@ -122,6 +126,9 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 				{Name: "nofile", Soft: p.NoFile, Hard: p.NoFile},
 			},
 		},
+	}
+	if p.WorkspaceInImage {
+		delete(host.Tmpfs, WorkspaceDir)
 	}
 	var netCfg *network.NetworkingConfig
 	if netMode != "none" {

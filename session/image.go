@@ -26,7 +26,10 @@ const RuntimeImageRepo = "sandbox-mcp-runtime"
 // and the tag is derived from the base image's id and the agent's digest, so
 // a new agent or a rebuilt base gives a new image and the old one stays
 // valid for servers still using it.
-func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath string) (string, error) {
+//
+// With a seed, the image also holds the seed's files in /workspace, owned by
+// uid:gid: a read-only workspace that starts with content.
+func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath string, sd *seed, uid, gid int) (string, error) {
 	info, err := cli.ImageInspect(ctx, base)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
@@ -43,7 +46,11 @@ func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath strin
 	}
 	sum := sha256.Sum256(agent)
 	agentDigest := hex.EncodeToString(sum[:])
-	key := sha256.Sum256([]byte(info.ID + "\x00" + agentDigest))
+	keyText := info.ID + "\x00" + agentDigest
+	if sd != nil {
+		keyText += fmt.Sprintf("\x00%s\x00%d:%d", sd.sha, uid, gid)
+	}
+	key := sha256.Sum256([]byte(keyText))
 	tag := RuntimeImageRepo + ":" + hex.EncodeToString(key[:])[:16]
 
 	if _, err := cli.ImageInspect(ctx, tag); err == nil {
@@ -53,6 +60,9 @@ func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath strin
 	}
 
 	dockerfile := fmt.Sprintf("FROM %s\nCOPY agent %s\n", info.ID, AgentPath)
+	if sd != nil {
+		dockerfile += fmt.Sprintf("COPY --chown=%d:%d workspace/ %s/\n", uid, gid, WorkspaceDir)
+	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, f := range []struct {
@@ -65,6 +75,14 @@ func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath strin
 		}
 		if _, err := tw.Write(f.data); err != nil {
 			return "", err
+		}
+	}
+	if sd != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: "workspace/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
+			return "", err
+		}
+		if err := sd.imageContext(tw); err != nil {
+			return "", fmt.Errorf("seed the image's workspace: %w", err)
 		}
 	}
 	if err := tw.Close(); err != nil {

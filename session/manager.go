@@ -53,6 +53,12 @@ type Options struct {
 	Env []string
 	// StateDir holds snapshots and the server's records. Required.
 	StateDir string
+	// Retention bounds the snapshots kept in StateDir.
+	Retention Retention
+	// WorkspaceFrom is a host directory every new workspace starts with a
+	// copy of ("" for an empty workspace). It is read once, at start,
+	// capped at the workspace size, without following symlinks.
+	WorkspaceFrom string
 	// Instance names this server in labels; "" picks a random one.
 	Instance string
 	// Runtime is the OCI runtime ("" for the engine default).
@@ -101,6 +107,7 @@ type Manager struct {
 	log   *slog.Logger
 	image string // runtime image
 	snaps *SnapshotStore
+	seed  *seed           // nil without --workspace-from
 	proxy *netproxy.Proxy // nil unless the policy allows some hosts
 	fw    *firewall
 
@@ -145,12 +152,27 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	snaps, err := OpenSnapshotStore(filepath.Join(opts.StateDir, "snapshots"))
+	snaps, err := OpenSnapshotStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
 	if err != nil {
 		return nil, err
 	}
-	img, err := RuntimeImage(ctx, opts.Client, opts.Image, opts.AgentBinary)
+	var sd *seed
+	if opts.WorkspaceFrom != "" {
+		if sd, err = newSeed(opts.WorkspaceFrom, opts.Policy.MaxWorkspaceBytes); err != nil {
+			return nil, err
+		}
+	}
+	// A read-only workspace cannot be filled after the start: its content
+	// goes into the image instead.
+	var imageSeed *seed
+	if opts.Policy.ReadOnly {
+		imageSeed = sd
+	}
+	img, err := RuntimeImage(ctx, opts.Client, opts.Image, opts.AgentBinary, imageSeed, opts.UID, opts.GID)
 	if err != nil {
+		if sd != nil {
+			sd.close()
+		}
 		return nil, err
 	}
 	if !opts.NetworkPool.IsValid() {
@@ -189,6 +211,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		log:    log.With("instance", opts.Instance),
 		image:  img,
 		snaps:  snaps,
+		seed:   sd,
 		proxy:  proxy,
 		fw:     fw,
 		ctx:    mctx,
@@ -304,6 +327,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		wg.Wait()
 		m.cancel()
 		m.wg.Wait()
+		if m.seed != nil {
+			m.seed.close()
+		}
 		close(done)
 	}()
 	select {
@@ -358,6 +384,7 @@ func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance
 		Env:               env,
 		WorkspaceBytes:    p.MaxWorkspaceBytes,
 		WorkspaceReadOnly: p.ReadOnly,
+		WorkspaceInImage:  p.ReadOnly && m.seed != nil,
 		TmpBytes:          m.opts.TmpBytes,
 		Memory:            p.Memory,
 		NanoCPUs:          int64(p.CPUs * 1e9),

@@ -41,6 +41,9 @@ type Sandbox struct {
 	gen    int
 	lost   string // why the last container went away, until a call reports it
 	closed bool
+	// restoreFrom is the snapshot the next container starts from, after a
+	// container was lost.
+	restoreFrom string
 }
 
 // instance is one container of a sandbox.
@@ -103,30 +106,74 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 			old := s.cur
 			s.cur = nil
 			if !old.reported.Load() {
-				s.lost = fmt.Sprintf("its container stopped (%v)", err)
+				s.lost = fmt.Sprintf("lost its workspace: its container stopped (%v)", err)
 			}
 			s.m.removeInstance(old)
+			s.planRecovery()
 		}
 	}
 	if s.lost != "" {
 		why := s.lost
 		s.lost = ""
-		return nil, errorf(policy.Unavailable,
-			"sandbox %s lost its workspace: %s. Call again: the next call starts a fresh, empty sandbox", s.id, why)
+		return nil, errorf(policy.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
 	}
 	inst, err := s.m.startInstance(ctx, s)
 	if err != nil {
 		return nil, err
 	}
 	s.cur = inst
+	if id := s.restoreFrom; id != "" {
+		s.restoreFrom = ""
+		if _, err := s.restoreInto(ctx, inst, id); err != nil {
+			s.m.log.Warn("session: restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
+			return nil, errorf(policy.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
+		}
+		s.m.log.Info("session: fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
+	} else if sd := s.m.seed; sd != nil && !s.m.opts.Policy.ReadOnly {
+		maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
+		if _, err := inst.conn.restore(ctx, sd.reader(), agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth}); err != nil {
+			s.cur = nil
+			s.m.removeInstance(inst)
+			return nil, errorf(policy.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
+		}
+	}
 	return inst, nil
 }
 
-// failed notes that a call saw the container go away, so the model has been
-// told and the next call starts afresh.
+// planRecovery makes the next container start from the sandbox's latest
+// snapshot, if it has one. s.mu is held.
+func (s *Sandbox) planRecovery() {
+	if s.m.opts.Policy.ReadOnly {
+		return // the workspace never changed: a fresh one is the same
+	}
+	if latest, ok := s.m.snaps.Latest(s.id); ok {
+		s.restoreFrom = latest.ID
+	}
+}
+
+// nextStart says what the next call does after a container was lost. s.mu
+// is held.
+func (s *Sandbox) nextStart() string {
+	if s.restoreFrom == "" {
+		return "the next call starts a fresh, empty sandbox"
+	}
+	return fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", s.restoreFrom)
+}
+
+// failed notes that a call saw the container go away, so the model is told
+// (here, with what happens next) and the next call starts afresh.
 func (s *Sandbox) failed(inst *instance, err error) error {
 	if e, ok := AsError(err); ok && e.Code == policy.Unavailable && inst.conn.err() != nil {
-		inst.reported.Store(true)
+		if inst.reported.Swap(true) {
+			return err
+		}
+		next := "the next call starts a fresh, empty sandbox"
+		if !s.m.opts.Policy.ReadOnly {
+			if latest, ok := s.m.snaps.Latest(s.id); ok {
+				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", latest.ID)
+			}
+		}
+		return errorf(policy.Unavailable, "sandbox %s stopped (%v); its workspace is lost. Call again: %s", s.id, inst.conn.err(), next)
 	}
 	return err
 }
@@ -228,6 +275,49 @@ func (s *Sandbox) Snapshot(ctx context.Context, label string) (SnapshotInfo, err
 	return info, s.failed(inst, err)
 }
 
+// RestoreResult is what a restore did.
+type RestoreResult = agentproto.RestoreResult
+
+// Restore replaces the workspace with a snapshot: one of this sandbox's, or
+// (a fork) one another sandbox of the same owner made. Another owner's
+// snapshot is not found.
+func (s *Sandbox) Restore(ctx context.Context, id string) (SnapshotInfo, RestoreResult, error) {
+	if d := s.m.opts.Policy.CanWrite(); !d.Allow {
+		return SnapshotInfo{}, RestoreResult{}, &Error{Code: d.Code, Message: d.Reason}
+	}
+	ctx, end := s.begin(ctx)
+	defer end()
+	inst, err := s.ready(ctx)
+	if err != nil {
+		return SnapshotInfo{}, RestoreResult{}, err
+	}
+	info, err := s.restoreInto(ctx, inst, id)
+	if err != nil {
+		return info, RestoreResult{}, s.failed(inst, err)
+	}
+	return info, info.restored, nil
+}
+
+// restoreInto streams a stored snapshot into an instance's workspace.
+func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (SnapshotInfo, error) {
+	info, f, err := s.m.snaps.Open(id)
+	if err == nil && info.Owner != s.owner {
+		f.Close()
+		err = ErrSnapshotNotFound
+	}
+	if err == ErrSnapshotNotFound {
+		return info, errorf(policy.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
+	}
+	if err != nil {
+		return info, err
+	}
+	defer f.Close()
+	maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
+	res, err := inst.conn.restore(ctx, f, agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth})
+	info.restored = res
+	return info, err
+}
+
 // close removes the sandbox's container and ends its calls. It runs once;
 // a second caller waits until the first is done.
 func (s *Sandbox) close() {
@@ -263,7 +353,25 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 		return
 	}
 	s.cur = nil
-	s.lost = fmt.Sprintf("it was removed after %s unused (--idle-timeout)", idle.Round(time.Second))
+	s.lost = fmt.Sprintf("was removed after %s unused (--idle-timeout)", idle.Round(time.Second))
+	if !s.m.opts.Policy.ReadOnly {
+		// Keep the work: save the workspace, and start the next container
+		// from it.
+		info, err := s.m.snaps.Create("auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, s.owner, func(w io.Writer) error {
+			ctx, cancel := context.WithTimeout(s.ctx, bulkTimeout)
+			defer cancel()
+			maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
+			_, err := inst.conn.snapshot(ctx, w, agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth})
+			return err
+		})
+		if err != nil {
+			s.m.log.Warn("session: saving an idle sandbox's workspace failed", "sandbox", s.id, "err", err)
+			s.lost += fmt.Sprintf(", and saving its workspace failed (%v)", err)
+		} else {
+			s.lost += fmt.Sprintf("; its workspace was saved as snapshot %s", info.ID)
+		}
+	}
+	s.planRecovery()
 	s.mu.Unlock()
 	s.m.removeInstance(inst)
 }

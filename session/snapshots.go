@@ -14,9 +14,11 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // SnapshotInfo describes a stored snapshot.
@@ -30,6 +32,8 @@ type SnapshotInfo struct {
 	Sandbox   string    `json:"sandbox"`
 	// Owner is the caller whose sandbox made the snapshot ("" on stdio).
 	Owner string `json:"owner,omitempty"`
+
+	restored agentproto.RestoreResult // set by Sandbox.restoreInto
 }
 
 // URI is the snapshot's MCP resource address.
@@ -37,9 +41,20 @@ func (s SnapshotInfo) URI() string { return "sandbox://snapshots/" + s.ID }
 
 // SnapshotStore keeps snapshots as tar files with a JSON record beside each,
 // in one directory of the server's state directory. Snapshots outlive the
-// sandbox and the server process.
+// sandbox and the server process; Retention bounds how many are kept.
 type SnapshotStore struct {
 	dir string
+	ret Retention
+	mu  sync.Mutex // serialises pruning
+}
+
+// Retention bounds the snapshots kept. When a new snapshot takes the store
+// over a limit, the oldest snapshots are deleted until it is within all of
+// them again (the new one is never deleted). Zero means no limit.
+type Retention struct {
+	MaxCount int           // snapshots
+	MaxBytes int64         // total size of the tar files
+	MaxAge   time.Duration // age since creation
 }
 
 var snapshotID = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
@@ -48,12 +63,69 @@ var snapshotID = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
 // are checked before they touch the file system.
 func ValidSnapshotID(id string) bool { return snapshotID.MatchString(id) }
 
-// OpenSnapshotStore opens (creating if needed) the store in dir.
-func OpenSnapshotStore(dir string) (*SnapshotStore, error) {
+// OpenSnapshotStore opens (creating if needed) the store in dir, removes
+// what an interrupted write left, and applies the retention limits.
+func OpenSnapshotStore(dir string, ret Retention) (*SnapshotStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
-	return &SnapshotStore{dir: dir}, nil
+	s := &SnapshotStore{dir: dir, ret: ret}
+	if names, err := os.ReadDir(dir); err == nil {
+		for _, e := range names {
+			if strings.HasPrefix(e.Name(), ".incoming-") || strings.HasSuffix(e.Name(), ".json.tmp") {
+				os.Remove(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	if _, err := s.Prune(""); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Prune deletes the oldest snapshots until the store is within its
+// retention limits, never the one named keep. It returns the ids deleted.
+func (s *SnapshotStore) Prune(keep string) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	var total int64
+	for _, in := range all {
+		total += in.SizeBytes
+	}
+	var deleted []string
+	now := time.Now()
+	for _, in := range all { // oldest first
+		over := (s.ret.MaxCount > 0 && len(all)-len(deleted) > s.ret.MaxCount) ||
+			(s.ret.MaxBytes > 0 && total > s.ret.MaxBytes) ||
+			(s.ret.MaxAge > 0 && now.Sub(in.CreatedAt) > s.ret.MaxAge)
+		if !over || in.ID == keep {
+			continue
+		}
+		if err := s.Delete(in.ID); err != nil && err != ErrSnapshotNotFound {
+			return deleted, err
+		}
+		deleted = append(deleted, in.ID)
+		total -= in.SizeBytes
+	}
+	return deleted, nil
+}
+
+// Latest returns the newest snapshot a sandbox made.
+func (s *SnapshotStore) Latest(sandbox string) (SnapshotInfo, bool) {
+	all, err := s.List()
+	if err != nil {
+		return SnapshotInfo{}, false
+	}
+	for i := len(all) - 1; i >= 0; i-- {
+		if all[i].Sandbox == sandbox {
+			return all[i], true
+		}
+	}
+	return SnapshotInfo{}, false
 }
 
 // Dir returns the store's directory.
@@ -80,7 +152,7 @@ func (s *SnapshotStore) Create(label, sandbox, owner string, fill func(io.Writer
 	info := SnapshotInfo{
 		ID:        "snap-" + hex.EncodeToString(rnd[:]),
 		Label:     label,
-		CreatedAt: time.Now().UTC().Truncate(time.Millisecond),
+		CreatedAt: time.Now().UTC(),
 		Sandbox:   sandbox,
 		Owner:     owner,
 	}
@@ -123,6 +195,9 @@ func (s *SnapshotStore) Create(label, sandbox, owner string, fill func(io.Writer
 	if err := os.Rename(metaPath+".tmp", metaPath); err != nil {
 		os.Remove(tarPath)
 		return info, fmt.Errorf("snapshot store: %w", err)
+	}
+	if _, err := s.Prune(info.ID); err != nil {
+		return info, fmt.Errorf("snapshot store: apply retention: %w", err)
 	}
 	return info, nil
 }

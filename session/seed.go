@@ -1,0 +1,88 @@
+package session
+
+import (
+	"archive/tar"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
+	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+)
+
+// seed is the content every new workspace starts with (--workspace-from):
+// a tar stream of a host directory, made once at start.
+type seed struct {
+	dir   string
+	f     *os.File // unlinked: it cannot outlive the server
+	size  int64
+	files int
+	sha   string
+}
+
+// newSeed archives dir for seeding workspaces. The walk is the agent's own
+// confined one, run here on the host: it starts from a descriptor of dir,
+// never follows a symlink (symlinks are stored as symlinks), skips FIFOs,
+// sockets and devices, and reads nothing outside dir. The archive is capped
+// at maxBytes.
+func newSeed(dir string, maxBytes int64) (*seed, error) {
+	ws, err := agent.OpenWorkspace(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
+	}
+	defer ws.Close()
+	f, err := os.CreateTemp("", "sandbox-mcp-seed-*.tar")
+	if err != nil {
+		return nil, fmt.Errorf("--workspace-from: %w", err)
+	}
+	os.Remove(f.Name())
+	h := sha256.New()
+	res, err := ws.Snapshot(io.MultiWriter(f, h), agentproto.Limits{MaxBytes: maxBytes, MaxDepth: 256, MaxEntries: 1 << 20})
+	if err != nil {
+		f.Close()
+		var pe *agentproto.Error
+		if errors.As(err, &pe) && pe.Code == agentproto.CodeTooLarge {
+			return nil, fmt.Errorf("--workspace-from %s is larger than the workspace (--max-workspace-bytes %d): %s", dir, maxBytes, pe.Message)
+		}
+		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
+	}
+	return &seed{dir: dir, f: f, size: res.Bytes, files: res.Files, sha: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// reader returns a reader of the whole archive; readers are independent.
+func (s *seed) reader() io.Reader { return io.NewSectionReader(s.f, 0, s.size) }
+
+func (s *seed) close() error { return s.f.Close() }
+
+// imageContext writes the seed's entries into a build context under
+// "workspace/", for a read-only workspace baked into the runtime image.
+// Permission bits only: setuid, setgid and sticky are dropped.
+func (s *seed) imageContext(tw *tar.Writer) error {
+	tr := tar.NewReader(s.reader())
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out := &tar.Header{Name: "workspace/" + h.Name, Mode: h.Mode & 0o777, ModTime: h.ModTime, Typeflag: h.Typeflag, Linkname: h.Linkname, Size: h.Size}
+		switch h.Typeflag {
+		case tar.TypeReg, tar.TypeDir, tar.TypeSymlink:
+		default:
+			continue
+		}
+		if err := tw.WriteHeader(out); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := io.Copy(tw, tr); err != nil {
+				return err
+			}
+		}
+	}
+}

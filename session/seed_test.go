@@ -1,0 +1,93 @@
+package session
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// seedDir makes a host directory to seed workspaces from, next to a secret
+// that must never be read.
+func seedDir(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, "project")
+	os.MkdirAll(filepath.Join(dir, "src", "pkg"), 0o755)
+	os.WriteFile(filepath.Join(dir, "README"), []byte("seeded\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "src", "pkg", "run.sh"), []byte("#!/bin/sh\necho ran\n"), 0o755)
+	os.WriteFile(filepath.Join(root, "secret"), []byte("HOST-SECRET\n"), 0o600)
+	os.Symlink("../secret", filepath.Join(dir, "up"))
+	os.Symlink(filepath.Join(root, "secret"), filepath.Join(dir, "abs"))
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestWorkspaceFrom(t *testing.T) {
+	dir := seedDir(t)
+	m := testManager(t, func(o *Options) { o.WorkspaceFrom = dir })
+	sb := newSandbox(t, m)
+	out := string(sh(t, sb, "cat README; ./src/pkg/run.sh; readlink up; readlink abs; ls -A | tr '\\n' ' '").Stdout)
+	want := "seeded\nran\n../secret\n" + filepath.Join(filepath.Dir(dir), "secret") + "\nREADME abs src up "
+	if out != want {
+		t.Fatalf("seeded workspace:\n%q\nwant\n%q", out, want)
+	}
+	// Symlinks came as symlinks: nothing outside the directory was read.
+	if strings.Contains(string(sh(t, sb, "grep -r HOST-SECRET . 2>/dev/null; true").Stdout), "HOST-SECRET") {
+		t.Fatal("a file outside --workspace-from was copied")
+	}
+	_, err := sb.ReadFile(context.Background(), "up", 0, 0, 1024)
+	wantCode(t, err, policy.OutsideWorkspace) // the link climbs out of the workspace
+	// Every new workspace starts from it, each its own copy.
+	sh(t, sb, "echo changed > README")
+	other, _ := m.Sandbox("other", "")
+	if got := string(run(t, other, "cat", "README").Stdout); got != "seeded\n" {
+		t.Fatalf("second sandbox: %q", got)
+	}
+}
+
+func TestWorkspaceFromTooLarge(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "big"), make([]byte, 2<<20), 0o644)
+	_, err := NewManager(context.Background(), Options{
+		Client: testenv.Engine(t), Image: testenv.TestImage(t), AgentBinary: agentBin, StateDir: t.TempDir(),
+		Policy: func() policy.Policy {
+			p := policy.Default()
+			p.MaxWorkspaceBytes = 1 << 20
+			return p
+		}(),
+		WorkspaceFrom: dir,
+	})
+	if err == nil || !strings.Contains(err.Error(), "larger than the workspace") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestReadOnlyWorkspaceFrom(t *testing.T) {
+	dir := seedDir(t)
+	m := testManager(t, func(o *Options) { o.WorkspaceFrom = dir; o.Policy.ReadOnly = true })
+	sb := newSandbox(t, m)
+	if got := string(sh(t, sb, "cat README; ./src/pkg/run.sh; id -u").Stdout); got != "seeded\nran\n1000\n" {
+		t.Fatalf("read-only seeded workspace: %q", got)
+	}
+	res := sh(t, sb, "echo x > README; touch new")
+	if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "Read-only file system") {
+		t.Fatalf("wrote to a read-only workspace: %+v", res)
+	}
+	_, err := sb.WriteFile(context.Background(), "new", []byte("x"), false, 0o644)
+	wantCode(t, err, policy.ReadOnly)
+	_, _, err = sb.Restore(context.Background(), "snap-00000000000000000000")
+	wantCode(t, err, policy.ReadOnly)
+	start := time.Now()
+	if _, err := sb.Snapshot(context.Background(), ""); err != nil {
+		t.Fatalf("snapshot of a read-only workspace: %v (%s)", err, time.Since(start))
+	}
+}

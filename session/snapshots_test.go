@@ -1,0 +1,288 @@
+package session
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// tarOf builds a tar stream from name/content pairs (a trailing "/" makes a
+// directory, "->" a symlink).
+func tarOf(t *testing.T, entries ...string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i := 0; i+1 < len(entries); i += 2 {
+		name, body := entries[i], entries[i+1]
+		h := &tar.Header{Name: name, Mode: 0o644, ModTime: time.Now()}
+		switch {
+		case strings.HasSuffix(name, "/"):
+			h.Typeflag, h.Mode = tar.TypeDir, 0o755
+		case strings.HasPrefix(body, "->"):
+			h.Typeflag, h.Linkname = tar.TypeSymlink, strings.TrimPrefix(body, "->")
+		default:
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(body))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte(body))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+func storeTar(t *testing.T, st *SnapshotStore, sandbox, owner string, data []byte) SnapshotInfo {
+	t.Helper()
+	info, err := st.Create("test", sandbox, owner, func(w io.Writer) error { _, err := w.Write(data); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func TestSnapshotStore(t *testing.T) {
+	dir := t.TempDir()
+	st, err := OpenSnapshotStore(dir, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := tarOf(t, "a.txt", "hello", "d/", "", "d/b", "x", "l", "->a.txt")
+	info := storeTar(t, st, "sb-1", "", data)
+	if !ValidSnapshotID(info.ID) || info.Files != 4 || info.SizeBytes != int64(len(data)) || len(info.SHA256) != 64 || info.URI() != "sandbox://snapshots/"+info.ID {
+		t.Fatalf("info: %+v", info)
+	}
+	got, f, err := st.Open(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(f)
+	f.Close()
+	if !bytes.Equal(b, data) || got.SHA256 != info.SHA256 {
+		t.Fatal("stored bytes differ")
+	}
+	// Not a tar: refused, nothing kept.
+	if _, err := st.Create("", "sb-1", "", func(w io.Writer) error { _, err := w.Write(bytes.Repeat([]byte("x"), 1024)); return err }); err == nil {
+		t.Fatal("a non-tar stream was stored")
+	}
+	// Ids are checked before they touch the file system.
+	for _, bad := range []string{"../x", "snap-../../etc/passwd", "", "snap-zz"} {
+		if _, err := st.Get(bad); err != ErrSnapshotNotFound {
+			t.Errorf("Get(%q) = %v", bad, err)
+		}
+	}
+	// A reopened store (a restarted server) has the snapshot.
+	st2, err := OpenSnapshotStore(dir, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := st2.List(); len(l) != 1 || l[0].ID != info.ID {
+		t.Fatalf("after reopening: %v", l)
+	}
+	if latest, ok := st2.Latest("sb-1"); !ok || latest.ID != info.ID {
+		t.Fatal("Latest")
+	}
+	if err := st2.Delete(info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st2.Get(info.ID); err != ErrSnapshotNotFound {
+		t.Fatal("deleted snapshot still there")
+	}
+	if err := st2.Delete(info.ID); err != ErrSnapshotNotFound {
+		t.Fatal("second delete")
+	}
+	if names, _ := os.ReadDir(dir); len(names) != 0 {
+		t.Fatalf("files left: %v", names)
+	}
+}
+
+func TestSnapshotRetention(t *testing.T) {
+	data := tarOf(t, "a", strings.Repeat("x", 2000))
+	// By count.
+	st, _ := OpenSnapshotStore(t.TempDir(), Retention{MaxCount: 2})
+	a := storeTar(t, st, "sb", "", data)
+	storeTar(t, st, "sb", "", data)
+	c := storeTar(t, st, "sb", "", data)
+	l, _ := st.List()
+	if len(l) != 2 || l[0].ID == a.ID || l[1].ID != c.ID {
+		t.Fatalf("by count: %v", l)
+	}
+	// By bytes: each is ~3.5 KB, so 8 KB keeps two.
+	st, _ = OpenSnapshotStore(t.TempDir(), Retention{MaxBytes: 8 << 10})
+	for range 4 {
+		storeTar(t, st, "sb", "", data)
+	}
+	if l, _ := st.List(); len(l) != 2 {
+		t.Fatalf("by bytes: %d kept", len(l))
+	}
+	// By age: a record made long ago is pruned when the store opens.
+	dir := t.TempDir()
+	st, _ = OpenSnapshotStore(dir, Retention{})
+	old := storeTar(t, st, "sb", "", data)
+	old.CreatedAt = time.Now().Add(-48 * time.Hour)
+	b, _ := json.Marshal(old)
+	os.WriteFile(filepath.Join(dir, old.ID+".json"), b, 0o600)
+	fresh := storeTar(t, st, "sb", "", data)
+	st, _ = OpenSnapshotStore(dir, Retention{MaxAge: 24 * time.Hour})
+	if l, _ := st.List(); len(l) != 1 || l[0].ID != fresh.ID {
+		t.Fatalf("by age: %v", l)
+	}
+	// A new snapshot is never pruned by its own creation.
+	st, _ = OpenSnapshotStore(t.TempDir(), Retention{MaxBytes: 1})
+	n := storeTar(t, st, "sb", "", data)
+	if l, _ := st.List(); len(l) != 1 || l[0].ID != n.ID {
+		t.Fatalf("the new snapshot was pruned: %v", l)
+	}
+}
+
+func TestRestoreAndFork(t *testing.T) {
+	m := testManager(t, nil)
+	ctx := context.Background()
+	a, _ := m.Sandbox("a", "alice")
+	sh(t, a, "mkdir -p src && echo v1 > src/main.txt && ln -s src/main.txt link && chmod 750 src")
+	info, err := a.Snapshot(ctx, "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, a, "echo v2 > src/main.txt && rm link && echo junk > extra")
+	if _, _, err := a.Restore(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := string(sh(t, a, "cat src/main.txt; readlink link; ls; stat -c %a src").Stdout)
+	if got != "v1\nsrc/main.txt\nlink\nsrc\n750\n" {
+		t.Fatalf("after restore: %q", got)
+	}
+	// A fork: another sandbox of the same owner starts from the snapshot.
+	b, _ := m.Sandbox("b", "alice")
+	if _, res, err := b.Restore(ctx, info.ID); err != nil || res.Files < 3 {
+		t.Fatalf("fork: %+v %v", res, err)
+	}
+	if got := string(sh(t, b, "cat src/main.txt").Stdout); got != "v1\n" {
+		t.Fatalf("fork content: %q", got)
+	}
+	// Another owner's snapshot is not found.
+	c, _ := m.Sandbox("c", "mallory")
+	_, _, err = c.Restore(ctx, info.ID)
+	wantCode(t, err, policy.NotFound)
+	_, _, err = c.Restore(ctx, "snap-00000000000000000000")
+	wantCode(t, err, policy.NotFound)
+}
+
+func TestRestoreRefusesHostileArchives(t *testing.T) {
+	m := testManager(t, nil)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	sh(t, sb, "echo keep > keep.txt")
+	for name, data := range map[string][]byte{
+		"dot-dot":            tarOf(t, "../x", "evil"),
+		"absolute":           tarOf(t, "/tmp/x", "evil"),
+		"symlink-then-write": tarOf(t, "link", "->/tmp", "link/x", "evil"),
+	} {
+		info := storeTar(t, m.Snapshots(), sb.ID(), "", data)
+		_, _, err := sb.Restore(ctx, info.ID)
+		if e, ok := AsError(err); !ok || e.Code != policy.InvalidArgument {
+			t.Errorf("%s: %v, want INVALID_ARGUMENT", name, err)
+		}
+	}
+	if got := string(sh(t, sb, "cat keep.txt; ls -A /tmp").Stdout); got != "keep\n" {
+		t.Fatalf("the workspace changed or /tmp was written: %q", got)
+	}
+	// Setuid bits are neutralised.
+	info := storeTar(t, m.Snapshots(), sb.ID(), "", func() []byte {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: "s", Mode: 0o4755, Size: 2, Typeflag: tar.TypeReg})
+		tw.Write([]byte("x\n"))
+		tw.Close()
+		return buf.Bytes()
+	}())
+	if _, _, err := sb.Restore(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(sh(t, sb, "stat -c %a s").Stdout)); got != "755" {
+		t.Fatalf("mode after restore: %s", got)
+	}
+}
+
+func TestLostContainerRecoversFromLatestSnapshot(t *testing.T) {
+	m := testManager(t, nil)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	sh(t, sb, "echo saved > work.txt")
+	info, err := sb.Snapshot(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ContainerID()
+	if _, err := m.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, m.cli, id)
+	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
+	e := wantCode(t, err, policy.Unavailable)
+	if !strings.Contains(e.Message, info.ID) {
+		t.Fatalf("the message does not name the snapshot the next call restores: %s", e.Message)
+	}
+	if got := string(run(t, sb, "cat", "work.txt").Stdout); got != "saved\n" {
+		t.Fatalf("after recovery: %q", got)
+	}
+	// The same when the agent dies under a call.
+	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "kill -9 $PPID; sleep 5"}, Cwd: ".", Timeout: 20 * time.Second})
+	if e := wantCode(t, err, policy.Unavailable); !strings.Contains(e.Message, info.ID) {
+		t.Fatalf("message: %s", e.Message)
+	}
+	if got := string(run(t, sb, "cat", "work.txt").Stdout); got != "saved\n" {
+		t.Fatalf("after the agent died: %q", got)
+	}
+}
+
+func TestIdleRemovalKeepsTheWork(t *testing.T) {
+	m := testManager(t, func(o *Options) { o.IdleTimeout = time.Second })
+	sb := newSandbox(t, m)
+	sh(t, sb, "echo mine > work.txt")
+	id := sb.ContainerID()
+	waitGone(t, m.cli, id)
+	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
+	e := wantCode(t, err, policy.Unavailable)
+	if !strings.Contains(e.Message, "saved as snapshot") {
+		t.Fatalf("message: %s", e.Message)
+	}
+	if got := string(run(t, sb, "cat", "work.txt").Stdout); got != "mine\n" {
+		t.Fatalf("after idle removal: %q", got)
+	}
+}
+
+func TestSnapshotsSurviveAServerRestart(t *testing.T) {
+	state := t.TempDir()
+	m1 := testManager(t, func(o *Options) { o.StateDir = state })
+	sb, _ := m1.Sandbox("one", "")
+	sh(t, sb, "echo persisted > p.txt")
+	info, err := sb.Snapshot(context.Background(), "before restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m2 := testManager(t, func(o *Options) { o.StateDir = state })
+	sb2, _ := m2.Sandbox("two", "")
+	if _, _, err := sb2.Restore(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(run(t, sb2, "cat", "p.txt").Stdout); got != "persisted\n" {
+		t.Fatalf("after a restart: %q", got)
+	}
+}
