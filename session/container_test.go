@@ -139,7 +139,25 @@ func TestContainerInspect(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)
 	run(t, sb, "true")
-	res, err := m.cli.ContainerInspect(context.Background(), sb.ContainerID(), client.ContainerInspectOptions{})
+	checkHardened(t, m, sb.ContainerID(), sb.ID())
+
+	// And from inside: the mounts are what inspect says.
+	out := string(sh(t, sb, "grep -E ' /workspace | /tmp | / ' /proc/mounts").Stdout)
+	for _, want := range []string{"/workspace tmpfs rw,nosuid,nodev", "/tmp tmpfs rw,nosuid,nodev"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("mounts: %s not in %s", want, out)
+		}
+	}
+	if !strings.Contains(out, " / ") || !strings.Contains(strings.SplitN(out[strings.Index(out, " / "):], "\n", 2)[0], " ro,") {
+		t.Errorf("rootfs not read-only: %s", out)
+	}
+}
+
+// checkHardened asserts, from docker inspect, the hardening of SPEC §5 on a
+// sandbox container (the CIS assertions of security-cases §4).
+func checkHardened(t *testing.T, m *Manager, containerID, sandbox string) {
+	t.Helper()
+	res, err := m.cli.ContainerInspect(context.Background(), containerID, client.ContainerInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +165,7 @@ func TestContainerInspect(t *testing.T) {
 	check := func(what string, ok bool) {
 		t.Helper()
 		if !ok {
-			t.Errorf("docker inspect: %s", what)
+			t.Errorf("docker inspect %s: %s", containerID[:12], what)
 		}
 	}
 	check("4.1 user non-root numeric: "+c.User, c.User == "1000:1000")
@@ -177,13 +195,6 @@ func TestContainerInspect(t *testing.T) {
 	check("init", h.Init != nil && *h.Init)
 	check("auto remove", h.AutoRemove)
 	check("log driver none", h.LogConfig.Type == "none")
-	check("labels", c.Labels[LabelInstance] == m.Instance() && c.Labels[LabelSandbox] == sb.ID() && c.Labels[LabelManaged] == "1")
+	check("labels", c.Labels[LabelInstance] == m.Instance() && c.Labels[LabelSandbox] == sandbox && c.Labels[LabelManaged] == "1")
 	check("workspace tmpfs", strings.Contains(h.Tmpfs["/workspace"], "size=67108864"))
-
-	// And from inside: the mounts are what inspect says.
-	out := string(sh(t, sb, "grep -E ' /workspace | /tmp | / ' /proc/mounts").Stdout)
-	for _, want := range []string{"/workspace tmpfs rw,nosuid,nodev", "/tmp tmpfs rw,nosuid,nodev"} {
-		check("mounts: "+want+" in "+out, strings.Contains(out, want))
-	}
-	check("rootfs read-only: "+out, strings.Contains(out, " / ") && strings.Contains(strings.SplitN(out[strings.Index(out, " / "):], "\n", 2)[0], " ro,"))
 }

@@ -55,6 +55,9 @@ type Options struct {
 	StateDir string
 	// Retention bounds the snapshots kept in StateDir.
 	Retention Retention
+	// Warm is the number of containers kept started ahead of need, so a
+	// new session's first call does not wait for one (0: none).
+	Warm int
 	// WorkspaceFrom is a host directory every new workspace starts with a
 	// copy of ("" for an empty workspace). It is read once, at start,
 	// capped at the workspace size, without following symlinks.
@@ -107,7 +110,8 @@ type Manager struct {
 	log   *slog.Logger
 	image string // runtime image
 	snaps *SnapshotStore
-	seed  *seed           // nil without --workspace-from
+	seed  *seed // nil without --workspace-from
+	pool  *pool
 	proxy *netproxy.Proxy // nil unless the policy allows some hosts
 	fw    *firewall
 
@@ -212,6 +216,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		image:  img,
 		snaps:  snaps,
 		seed:   sd,
+		pool:   newPool(opts.Warm),
 		proxy:  proxy,
 		fw:     fw,
 		ctx:    mctx,
@@ -228,6 +233,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.IdleTimeout > 0 {
 		m.wg.Add(1)
 		go m.reapLoop()
+	}
+	if opts.Warm > 0 {
+		m.wg.Add(1)
+		go m.fillLoop()
 	}
 	m.log.Info("session: ready", "image", opts.Image, "runtime_image", img)
 	return m, nil
@@ -265,6 +274,10 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 		ctx:    ctx,
 		cancel: cancel,
 		execs:  make(chan struct{}, m.opts.Policy.MaxExecs),
+	}
+	if w, ok := m.takeWarm(); ok {
+		s.id, s.cur, s.gen = w.id, w.inst, 1
+		m.log.Info("session: sandbox taken from the warm pool", "sandbox", s.id)
 	}
 	s.lastUsed.Store(time.Now().UnixNano())
 	m.byKey[key] = s
@@ -305,6 +318,7 @@ func (m *Manager) Release(key string) {
 	m.mu.Lock()
 	delete(m.byID, s.id)
 	m.mu.Unlock()
+	m.pool.poke() // room for another warm container
 }
 
 // Close removes every sandbox (waiting for removals already under way) and
@@ -324,6 +338,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		for _, s := range all {
 			wg.Go(s.close)
 		}
+		wg.Go(m.drainPool)
 		wg.Wait()
 		m.cancel()
 		m.wg.Wait()
@@ -341,22 +356,22 @@ func (m *Manager) Close(ctx context.Context) error {
 }
 
 // labels returns the labels of a sandbox's engine objects.
-func (m *Manager) labels(s *Sandbox) map[string]string {
+func (m *Manager) labels(sandbox string) map[string]string {
 	l := ownerLabels()
 	l[LabelManaged] = "1"
 	l[LabelInstance] = m.opts.Instance
-	l[LabelSandbox] = s.id
+	l[LabelSandbox] = sandbox
 	l[LabelCreated] = time.Now().UTC().Format(time.RFC3339)
 	return l
 }
 
-// startInstance creates, attaches and starts a container for s and waits
-// for its agent. On failure nothing is left behind.
-func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance, err error) {
+// startInstance creates, attaches and starts container number gen of the
+// sandbox with the given id and waits for its agent. On failure nothing is
+// left behind.
+func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
 	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
 	defer cancel()
-	s.gen++
-	name := fmt.Sprintf("sandbox-mcp-%s-%d", s.id, s.gen)
+	name := fmt.Sprintf("sandbox-mcp-%s-%d", sandbox, gen)
 	p := m.opts.Policy
 	inst = &instance{name: name, quiet: make(chan struct{})}
 	defer func() {
@@ -367,7 +382,7 @@ func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance
 	env := m.sandboxEnv()
 	netName, dns := "none", []netip.Addr(nil)
 	if m.proxy != nil {
-		n, err := m.openNet(ctx, s, name)
+		n, err := m.openNet(ctx, sandbox, name)
 		if err != nil {
 			return inst, err
 		}
@@ -378,7 +393,7 @@ func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance
 	spec := ContainerSpec(ContainerParams{
 		Name:              name,
 		Image:             m.image,
-		Labels:            m.labels(s),
+		Labels:            m.labels(sandbox),
 		UID:               m.opts.UID,
 		GID:               m.opts.GID,
 		Env:               env,
@@ -408,7 +423,7 @@ func (m *Manager) startInstance(ctx context.Context, s *Sandbox) (inst *instance
 		att.Close()
 		return inst, engineError("start the sandbox container", err)
 	}
-	log := m.log.With("sandbox", s.id, "container", created.ID[:12])
+	log := m.log.With("sandbox", sandbox, "container", created.ID[:12])
 	c, err := newConn(ctx, att.Reader, att.Conn, att.Conn, m.opts.Lease, log)
 	if err != nil {
 		return inst, errorf(policy.Unavailable, "the sandbox's agent did not start: %v", err)

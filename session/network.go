@@ -77,7 +77,7 @@ func pickSubnet(pool netip.Prefix) netip.Prefix {
 // openNet creates a sandbox's internal network, starts the proxy on its
 // gateway address only, and firewalls every other port of the host away
 // from it. On failure nothing is left behind.
-func (m *Manager) openNet(ctx context.Context, s *Sandbox, name string) (n *sandboxNet, err error) {
+func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandboxNet, err error) {
 	n = &sandboxNet{name: name, bridge: bridgeName(name)}
 	defer func() {
 		if err != nil {
@@ -93,7 +93,7 @@ func (m *Manager) openNet(ctx context.Context, s *Sandbox, name string) (n *sand
 			Driver:     "bridge",
 			Internal:   true,
 			EnableIPv6: &no,
-			Labels:     m.labels(s),
+			Labels:     m.labels(sandbox),
 			IPAM:       &network.IPAM{Config: []network.IPAMConfig{{Subnet: subnet, Gateway: gw}}},
 			Options: map[string]string{
 				"com.docker.network.bridge.name":                 n.bridge,
@@ -133,8 +133,8 @@ func (m *Manager) openNet(ctx context.Context, s *Sandbox, name string) (n *sand
 	n.stop, n.served = stop, make(chan struct{})
 	go func() {
 		defer close(n.served)
-		if err := m.proxy.Serve(pctx, ln, s.id); err != nil {
-			m.log.Warn("session: proxy stopped", "sandbox", s.id, "err", err)
+		if err := m.proxy.Serve(pctx, ln, sandbox); err != nil {
+			m.log.Warn("session: proxy stopped", "sandbox", sandbox, "err", err)
 		}
 	}()
 	return n, nil

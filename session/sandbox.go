@@ -117,26 +117,26 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		s.lost = ""
 		return nil, errorf(policy.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
 	}
-	inst, err := s.m.startInstance(ctx, s)
-	if err != nil {
-		return nil, err
-	}
-	s.cur = inst
+	s.gen++
 	if id := s.restoreFrom; id != "" {
 		s.restoreFrom = ""
+		inst, err := s.m.startInstance(ctx, s.id, s.gen)
+		if err != nil {
+			return nil, err
+		}
+		s.cur = inst
 		if _, err := s.restoreInto(ctx, inst, id); err != nil {
 			s.m.log.Warn("session: restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
 			return nil, errorf(policy.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
 		}
 		s.m.log.Info("session: fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
-	} else if sd := s.m.seed; sd != nil && !s.m.opts.Policy.ReadOnly {
-		maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
-		if _, err := inst.conn.restore(ctx, sd.reader(), agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth}); err != nil {
-			s.cur = nil
-			s.m.removeInstance(inst)
-			return nil, errorf(policy.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
-		}
+		return inst, nil
 	}
+	inst, err := s.m.newInstance(ctx, s.id, s.gen)
+	if err != nil {
+		return nil, err
+	}
+	s.cur = inst
 	return inst, nil
 }
 

@@ -2,6 +2,7 @@ package session
 
 import (
 	"archive/tar"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
 	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
@@ -85,4 +87,18 @@ func (s *seed) imageContext(tw *tar.Writer) error {
 			}
 		}
 	}
+}
+
+// seedInstance fills a new container's workspace from --workspace-from (a
+// read-only workspace has it in its image already).
+func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
+	sd := m.seed
+	if sd == nil || m.opts.Policy.ReadOnly {
+		return nil
+	}
+	maxBytes, maxEntries, maxDepth := snapshotLimits(m.opts.Policy)
+	if _, err := inst.conn.restore(ctx, sd.reader(), agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth}); err != nil {
+		return errorf(policy.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
+	}
+	return nil
 }

@@ -1,0 +1,151 @@
+package session
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// pool keeps containers started ahead of need (--warm), so a new session's
+// first call does not wait for a container to start. A warm container is a
+// sandbox container like any other, hardened, labelled and seeded the same
+// way, made under the sandbox id it will serve under; it counts against
+// --max-sessions while it waits.
+type pool struct {
+	want int
+	wake chan struct{}
+
+	mu     sync.Mutex
+	ready  []warm
+	closed bool
+}
+
+type warm struct {
+	id   string
+	inst *instance
+}
+
+func newPool(want int) *pool {
+	return &pool{want: want, wake: make(chan struct{}, 1)}
+}
+
+// poke asks the filler to look again.
+func (p *pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// size returns the number of warm containers.
+func (p *pool) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+// take returns a live warm container, if there is one.
+func (m *Manager) takeWarm() (warm, bool) {
+	p := m.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.poke()
+	for len(p.ready) > 0 {
+		w := p.ready[0]
+		p.ready = p.ready[1:]
+		if w.inst.conn.err() == nil {
+			return w, true
+		}
+		go m.removeInstance(w.inst) // died while it waited
+	}
+	return warm{}, false
+}
+
+// poolNeeds reports whether the pool should grow: it is below its size and
+// the sandboxes plus warm containers are below --max-sessions.
+func (m *Manager) poolNeeds() bool {
+	m.mu.Lock()
+	active := len(m.byID)
+	m.mu.Unlock()
+	p := m.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.ready) >= p.want {
+		return false
+	}
+	return m.opts.MaxSandboxes == 0 || active+len(p.ready) < m.opts.MaxSandboxes
+}
+
+// fillLoop keeps the pool full in the background, one container at a time,
+// backing off while starts fail (an engine that is down, say).
+func (m *Manager) fillLoop() {
+	defer m.wg.Done()
+	backoff := time.Second
+	for {
+		for m.poolNeeds() {
+			id := randomID("sb-")
+			inst, err := m.newInstance(m.ctx, id, 1)
+			if err != nil {
+				if m.ctx.Err() != nil {
+					return
+				}
+				m.log.Warn("session: warm pool: starting a container failed", "err", err, "retry_in", backoff)
+				select {
+				case <-m.ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 30*time.Second)
+				continue
+			}
+			backoff = time.Second
+			m.pool.mu.Lock()
+			if m.pool.closed {
+				m.pool.mu.Unlock()
+				m.removeInstance(inst)
+				return
+			}
+			m.pool.ready = append(m.pool.ready, warm{id: id, inst: inst})
+			n := len(m.pool.ready)
+			m.pool.mu.Unlock()
+			m.log.Debug("session: warm pool", "ready", n, "want", m.pool.want)
+		}
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.pool.wake:
+		}
+	}
+}
+
+// drainPool removes every warm container.
+func (m *Manager) drainPool() {
+	p := m.pool
+	p.mu.Lock()
+	p.closed = true
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range ready {
+		wg.Go(func() { m.removeInstance(w.inst) })
+	}
+	wg.Wait()
+}
+
+// WarmReady returns the number of warm containers waiting.
+func (m *Manager) WarmReady() int { return m.pool.size() }
+
+// newInstance starts a container and fills its workspace from
+// --workspace-from, if set.
+func (m *Manager) newInstance(ctx context.Context, sandbox string, gen int) (*instance, error) {
+	inst, err := m.startInstance(ctx, sandbox, gen)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.seedInstance(ctx, inst); err != nil {
+		m.removeInstance(inst)
+		return nil, err
+	}
+	return inst, nil
+}
