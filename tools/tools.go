@@ -161,11 +161,14 @@ type Sessions struct {
 
 	mu   sync.Mutex
 	keys map[*mcp.ServerSession]string
+	// owners maps the key of each session seen to its caller, so End can
+	// tell whether a caller may end a session.
+	owners map[string]string
 }
 
 // NewSessions returns a Sessions over m.
 func NewSessions(m *session.Manager) *Sessions {
-	return &Sessions{m: m, keys: make(map[*mcp.ServerSession]string)}
+	return &Sessions{m: m, keys: make(map[*mcp.ServerSession]string), owners: make(map[string]string)}
 }
 
 // Manager returns the session manager.
@@ -179,9 +182,11 @@ func (s *Sessions) Owner(req *mcp.CallToolRequest) string {
 	return s.OwnerOf(req.Extra)
 }
 
-// key returns the sandbox key of an MCP session, and on first sight starts
-// watching the session so its sandbox is removed when it ends.
-func (s *Sessions) key(ss *mcp.ServerSession) string {
+// key returns the sandbox key of an MCP session, and on first sight notes
+// its caller and starts watching the session so its sandbox is removed
+// when it ends. The SDK binds an HTTP session to the caller that opened it,
+// so the first caller seen is the session's.
+func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if k, ok := s.keys[ss]; ok {
@@ -189,14 +194,16 @@ func (s *Sessions) key(ss *mcp.ServerSession) string {
 	}
 	k := fmt.Sprintf("mcp-%p", ss)
 	if id := ss.ID(); id != "" {
-		k = "mcp-" + id
+		k = KeyOf(id)
 	}
 	s.keys[ss] = k
+	s.owners[k] = owner
 	go func() {
 		_ = ss.Wait()
 		s.m.Release(k)
 		s.mu.Lock()
 		delete(s.keys, ss)
+		delete(s.owners, k)
 		s.mu.Unlock()
 	}()
 	return k
@@ -204,6 +211,24 @@ func (s *Sessions) key(ss *mcp.ServerSession) string {
 
 // KeyOf returns the sandbox key of an HTTP session id (see key).
 func KeyOf(sessionID string) string { return "mcp-" + sessionID }
+
+// End removes the sandbox of the HTTP session sessionID, ending its calls in
+// flight, if owner is the session's caller; it returns once the container
+// is gone. The SDK's own session close waits for calls in flight without
+// cancelling them, so the HTTP server calls End on DELETE first. It reports
+// whether there was a sandbox to remove: a session that made no tool call
+// has none, and another caller's session is left alone.
+func (s *Sessions) End(sessionID, owner string) bool {
+	k := KeyOf(sessionID)
+	s.mu.Lock()
+	o, ok := s.owners[k]
+	s.mu.Unlock()
+	if !ok || o != owner {
+		return false
+	}
+	s.m.Release(k)
+	return true
+}
 
 // sandbox returns the sandbox a call runs in: the session's own, or the one
 // the call names in its sandbox argument, which must belong to the same
@@ -213,7 +238,7 @@ func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
 	if c.req.Session == nil {
 		return nil, errors.New("tools: call without a session")
 	}
-	own, err := s.m.Sandbox(s.key(c.req.Session), owner)
+	own, err := s.m.Sandbox(s.key(c.req.Session, owner), owner)
 	if err != nil {
 		return nil, err
 	}

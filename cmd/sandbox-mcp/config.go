@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,7 +16,9 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/image"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
 // EnvPrefix starts the environment variable of every flag:
@@ -40,8 +43,14 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
+	// NetworkPool is where sandbox networks take their subnets.
+	NetworkPool netip.Prefix
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// HTTP configures the streamable HTTP transport (--http and friends).
+	HTTP HTTPConfig
+	// AuditLog is the JSON-lines audit file ("" for none).
+	AuditLog string
 	// ConfigFile is the file the configuration was read from, if any.
 	ConfigFile string
 }
@@ -74,6 +83,10 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Float64Var(&p.CPUs, "cpus", p.CPUs, "CPU limit of a sandbox")
 	fs.Int64Var(&p.Pids, "pids", p.Pids, "process limit of a sandbox")
 	fs.IntVar(&p.MaxExecs, "max-execs", p.MaxExecs, "commands one sandbox runs at once; more get BUSY")
+	fs.Var(&choice{v: (*string)(&p.Network), allowed: []string{"none", "allowlist"}}, "network", "`mode`: none (no network at all) or allowlist (an internal network whose only way out is the egress proxy)")
+	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
+	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
+	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
@@ -82,6 +95,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "JSON config `file`: an object whose keys are flag names (flags and the environment win over it)")
+	f.addTransportFlags(cfg)
 	return f
 }
 
@@ -93,7 +107,9 @@ func defaultConfig(getenv func(string) string) Config {
 		AgentBin:    defaultAgentBin(),
 		StateDir:    defaultStateDir(getenv),
 		IdleTimeout: 15 * time.Minute,
+		NetworkPool: session.DefaultNetworkPool,
 		LogLevel:    "info",
+		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},
 	}
 }
 
@@ -209,9 +225,24 @@ func (c Config) Validate() error {
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty and no default was found (set HOME or XDG_STATE_HOME)"))
 	}
+	if c.Policy.Network == policy.NetworkAllowlist {
+		if _, err := netproxy.ParseAllowlist(c.Policy.AllowHosts); err != nil {
+			errs = append(errs, fmt.Errorf("--allow-host: %w", err))
+		}
+		if len(c.Policy.AllowHosts) == 0 {
+			errs = append(errs, errors.New("--network=allowlist with no --allow-host lets nothing out; name the hosts to allow, or use --network=none"))
+		}
+	}
+	if c.Policy.AllowPrivateNetworks && c.Policy.Network != policy.NetworkAllowlist {
+		errs = append(errs, errors.New("--allow-private-networks needs --network=allowlist"))
+	}
+	if !c.NetworkPool.Addr().Is4() || c.NetworkPool.Bits() > 29 {
+		errs = append(errs, fmt.Errorf("--network-pool %s: give an IPv4 prefix of /29 or larger, e.g. 198.18.0.0/15", c.NetworkPool))
+	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))
 	}
+	errs = append(errs, c.HTTP.Validate(), tokensNotInEnv(c.HTTP.Tokens, c.Env))
 	return errors.Join(errs...)
 }
 
@@ -231,6 +262,25 @@ func defaultAgentBin() string {
 		return "sandbox-agent"
 	}
 	return filepath.Join(filepath.Dir(exe), "sandbox-agent")
+}
+
+// prefixValue is an IP prefix flag.
+type prefixValue struct{ v *netip.Prefix }
+
+func (p prefixValue) String() string {
+	if p.v == nil || !p.v.IsValid() {
+		return ""
+	}
+	return p.v.String()
+}
+
+func (p prefixValue) Set(s string) error {
+	v, err := netip.ParsePrefix(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a prefix such as 198.18.0.0/15", s)
+	}
+	*p.v = v.Masked()
+	return nil
 }
 
 // choice is a string flag limited to some values.

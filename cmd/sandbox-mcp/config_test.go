@@ -143,7 +143,7 @@ func TestKnownEscapes(t *testing.T) {
 // TestExamples keeps the client configs in examples/ valid.
 func TestExamples(t *testing.T) {
 	root := filepath.Join(testenv.RepoRoot(), "examples")
-	for _, name := range []string{"claude-config.json", "vscode-mcp.json"} {
+	for _, name := range []string{"claude-config.json", "vscode-mcp.json", "vscode-mcp-http.json"} {
 		b, err := os.ReadFile(filepath.Join(root, name))
 		if err != nil {
 			t.Fatal(err)

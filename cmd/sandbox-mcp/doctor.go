@@ -103,7 +103,7 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 	start := time.Now()
 	m, err := session.NewManager(ctx, session.Options{
 		Client: cli, Image: cfg.Image, AgentBinary: cfg.AgentBin, Policy: cfg.Policy,
-		StateDir: cfg.StateDir, Runtime: cfg.Runtime, Instance: "doctor",
+		StateDir: cfg.StateDir, Runtime: cfg.Runtime, Instance: "doctor", NetworkPool: cfg.NetworkPool,
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)

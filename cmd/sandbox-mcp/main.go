@@ -5,6 +5,7 @@
 // Usage:
 //
 //	sandbox-mcp [flags]        serve MCP over stdio
+//	sandbox-mcp --http ADDR    serve streamable HTTP at http://ADDR/mcp
 //	sandbox-mcp doctor [flags] check the engine, the image and the agent
 //	sandbox-mcp version        print the version
 //
@@ -68,7 +69,20 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel)
-	if err := serveStdio(ctx, cfg, stdin, stdout, log); err != nil {
+	var audit *tools.AuditLog
+	if cfg.AuditLog != "" {
+		if audit, err = tools.OpenAuditLog(cfg.AuditLog, log); err != nil {
+			log.Error("sandbox-mcp not started", "err", err)
+			return 1
+		}
+		defer audit.Close()
+	}
+	if cfg.HTTP.Addr != "" {
+		err = serveHTTP(ctx, cfg, log, audit)
+	} else {
+		err = serveStdio(ctx, cfg, stdin, stdout, log, audit)
+	}
+	if err != nil {
 		log.Error("sandbox-mcp stopped", "err", err)
 		return 1
 	}
@@ -82,6 +96,7 @@ func usage(w io.Writer, getenv func(string) string) {
 
 Usage:
   sandbox-mcp [flags]         serve MCP over stdio
+  sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
   sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
   sandbox-mcp version         print the version
 
@@ -137,7 +152,10 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger) (*session.Man
 		StateDir:    cfg.StateDir,
 		Runtime:     cfg.Runtime,
 		IdleTimeout: cfg.IdleTimeout,
-		Logger:      log,
+		NetworkPool: cfg.NetworkPool,
+		// One sandbox per session: the session cap is the sandbox cap.
+		MaxSandboxes: cfg.HTTP.MaxSessions,
+		Logger:       log,
 	})
 	if err != nil {
 		cli.Close()
@@ -146,27 +164,32 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger) (*session.Man
 	return m, cli, nil
 }
 
-// newServer builds the MCP server with every tool and resource.
-func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger) *mcp.Server {
+// newServer builds the MCP server with every tool and resource; audit, if
+// not nil, gets a record per tool call.
+func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, audit *tools.AuditLog) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
 		Instructions: "Run commands and edit files in an isolated Linux sandbox (one per session). " +
 			"The workspace is /workspace; paths are relative to it. Read sandbox://policy for what this server allows.",
 		Logger:                    log,
 		SupportedProtocolVersions: protocolVersions,
 	})
-	tools.Register(s, &tools.Deps{
+	deps := &tools.Deps{
 		Policy:     cfg.Policy,
 		PolicyView: tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env),
 		Sessions:   sessions,
 		Logger:     log,
-	})
+	}
+	if audit != nil {
+		deps.Audit = audit.Record
+	}
+	tools.Register(s, deps)
 	return s
 }
 
 // serveStdio serves one MCP session over stdin and stdout until the client
 // closes stdin or a signal arrives; every sandbox is removed before it
 // returns.
-func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, audit *tools.AuditLog) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	m, cli, err := newManager(ctx, cfg, log)
@@ -176,7 +199,7 @@ func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writ
 	defer cli.Close()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
-	server := newServer(cfg, m, sessions, log)
+	server := newServer(cfg, m, sessions, log, audit)
 
 	// On a signal, end the calls in flight first: the SDK waits for them.
 	closed := make(chan error, 1)
@@ -215,6 +238,7 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"max_file_bytes", p.MaxFileBytes, "max_output_bytes", p.MaxOutputBytes, "max_workspace_bytes", p.MaxWorkspaceBytes,
 		"exec_timeout", p.ExecTimeout, "max_exec_timeout", p.MaxExecTimeout,
 		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
-		"network", p.Network, "image", cfg.Image, "env", strings.Join(names, ","),
+		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
+		"image", cfg.Image, "env", strings.Join(names, ","),
 		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime)
 }

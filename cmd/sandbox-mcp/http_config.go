@@ -1,0 +1,135 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// Defaults and limits of the HTTP transport's configuration.
+const (
+	// DefaultMaxSessions is --max-sessions' default.
+	DefaultMaxSessions = 32
+	// MinTokenLength is the shortest bearer token accepted: a token is
+	// the only thing between the network and a shell.
+	MinTokenLength = 16
+)
+
+// HTTPConfig is the streamable HTTP transport's part of the configuration.
+type HTTPConfig struct {
+	// Addr is the address to serve on (--http); "" serves stdio.
+	Addr string
+	// Tokens are the bearer tokens callers present, each a distinct caller.
+	// They are secret: never logged, never in an error message.
+	Tokens []string
+	// AllowOrigins are the Origin values accepted besides the server's own,
+	// as scheme://host[:port].
+	AllowOrigins []string
+	// AllowHosts are the Host names served besides loopback names and the
+	// listen address (ports are not compared).
+	AllowHosts []string
+	// MaxSessions caps the MCP sessions, and so the sandboxes, alive at once.
+	MaxSessions int
+}
+
+// addTransportFlags adds the flags of the HTTP transport and the audit log.
+func (f *flagSet) addTransportFlags(cfg *Config) {
+	h := &cfg.HTTP
+	fs := f.fs
+	fs.StringVar(&h.Addr, "http", h.Addr, "serve streamable HTTP at http://`addr`/mcp (e.g. 127.0.0.1:8080) instead of stdio")
+	fs.Var(&secretList{listValue{v: &h.Tokens, f: f}}, "token", "bearer `token`s for --http (comma list, repeatable; each a separate caller; at least 16 characters); required unless --http is a loopback address")
+	fs.Var(&listValue{v: &h.AllowOrigins, f: f}, "allow-origin", "comma `list` (repeatable) of web origins (scheme://host[:port]) allowed to call --http besides its own; a request with any other Origin gets 403")
+	fs.Var(&listValue{v: &h.AllowHosts, f: f}, "http-allow-host", "comma `list` (repeatable) of host names --http answers to besides localhost and its listen address, e.g. the name of the reverse proxy in front of it; any other Host gets 403")
+	fs.IntVar(&h.MaxSessions, "max-sessions", h.MaxSessions, "MCP sessions (each with its sandbox) served at once over --http; a new session beyond it gets 503")
+	fs.StringVar(&cfg.AuditLog, "audit-log", cfg.AuditLog, "append a JSON line per tool call to this `file` (created with mode 0600)")
+}
+
+// secretList is a listValue whose values never print (in help or errors).
+type secretList struct{ listValue }
+
+func (s secretList) String() string { return "" }
+
+// Validate checks the HTTP configuration, naming the flag to fix. No
+// message quotes a token.
+func (h HTTPConfig) Validate() error {
+	var errs []error
+	if h.MaxSessions < 1 {
+		errs = append(errs, fmt.Errorf("--max-sessions must be at least 1 (got %d)", h.MaxSessions))
+	}
+	if h.Addr != "" {
+		if _, _, err := net.SplitHostPort(h.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("--http %q: want host:port, e.g. 127.0.0.1:8080 (%v)", h.Addr, err))
+		}
+	}
+	for i, t := range h.Tokens {
+		if len(t) < MinTokenLength {
+			errs = append(errs, fmt.Errorf("--token: token %d of %d has %d characters; use at least %d, e.g. the output of `openssl rand -hex 32`", i+1, len(h.Tokens), len(t), MinTokenLength))
+		} else if strings.IndexFunc(t, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+			errs = append(errs, fmt.Errorf("--token: token %d of %d has a space, a control or a non-ASCII character; use printable ASCII, e.g. the output of `openssl rand -hex 32`", i+1, len(h.Tokens)))
+		}
+	}
+	for _, o := range h.AllowOrigins {
+		if _, err := normalizeOrigin(o); err != nil {
+			errs = append(errs, fmt.Errorf("--allow-origin %q: %w", o, err))
+		}
+	}
+	for _, name := range h.AllowHosts {
+		if _, err := normalizeHostName(name); err != nil {
+			errs = append(errs, fmt.Errorf("--http-allow-host %q: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// normalizeOrigin returns an allowed origin in the form browsers send:
+// lower-case scheme://host[:port], the default port dropped.
+func normalizeOrigin(o string) (string, error) {
+	if o == "null" || o == "*" {
+		return "", errors.New(`it would let any web page (or a sandboxed frame) drive this server; list each origin as scheme://host[:port]`)
+	}
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return "", errors.New("want scheme://host[:port], e.g. https://tools.example.com")
+	}
+	host := strings.ToLower(u.Host)
+	if p := u.Port(); (u.Scheme == "http" && p == "80") || (u.Scheme == "https" && p == "443") {
+		host = strings.ToLower(u.Hostname())
+		if strings.Contains(host, ":") {
+			host = "[" + host + "]"
+		}
+	}
+	return strings.ToLower(u.Scheme) + "://" + host, nil
+}
+
+// normalizeHostName returns the host of a Host header value or of an
+// --http-allow-host entry: lower case, no port, no brackets, no final dot.
+// Ports are not compared: a rebinding attack differs in the name.
+func normalizeHostName(h string) (string, error) {
+	if h == "" || strings.ContainsAny(h, "/@?# \t") {
+		return "", errors.New("want a host name or address, e.g. mcp.example.com")
+	}
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	h = strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), ".")
+	if h == "" {
+		return "", errors.New("want a host name or address, e.g. mcp.example.com")
+	}
+	return h, nil
+}
+
+// tokensNotInEnv refuses an --env variable whose value is an HTTP token:
+// every sandbox would see it.
+func tokensNotInEnv(tokens, env []string) error {
+	for _, kv := range env {
+		name, val, _ := strings.Cut(kv, "=")
+		if slices.Contains(tokens, val) {
+			return fmt.Errorf("--env %s: its value is one of the --token tokens, and every sandbox would see it; pass the sandboxes another value", name)
+		}
+	}
+	return nil
+}
