@@ -29,6 +29,8 @@ func All(d *Deps) []Tool {
 		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
 		tool(listDef(), wrap(d, NameList, d.list)),
 		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
+		tool(restoreDef(), wrap(d, NameRestore, d.restore)),
+		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, d.deleteSnapshot)),
 	}
 }
 
@@ -42,7 +44,7 @@ func Register(s *mcp.Server, d *Deps) {
 		t.add(s, t.Def)
 	}
 	registerResources(s, d)
-	s.AddReceivingMiddleware(codeErrors)
+	s.AddReceivingMiddleware(codeErrors, d.listSnapshots)
 }
 
 func ptr[T any](v T) *T { return &v }

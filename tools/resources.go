@@ -3,8 +3,10 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -95,4 +97,43 @@ func registerResources(s *mcp.Server, d *Deps) {
 		}
 		return &mcp.ReadResourceResult{Contents: contents}, nil
 	})
+}
+
+// listSnapshots adds the caller's snapshots to resources/list (on its last
+// page), read fresh from the store each time, so the list follows snapshots
+// made, restored, pruned or deleted, and never shows another caller's.
+func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		lr, ok := res.(*mcp.ListResourcesResult)
+		if err != nil || method != "resources/list" || !ok || lr.NextCursor != "" {
+			return res, err
+		}
+		owner := ""
+		if d.Sessions.OwnerOf != nil {
+			owner = d.Sessions.OwnerOf(req.GetExtra())
+		}
+		all, err := d.Sessions.Manager().Snapshots().List()
+		if err != nil {
+			return nil, err
+		}
+		for _, in := range all {
+			if in.Owner != owner {
+				continue
+			}
+			title := in.Label
+			if title == "" {
+				title = "snapshot of " + in.Sandbox
+			}
+			lr.Resources = append(lr.Resources, &mcp.Resource{
+				URI:         in.URI(),
+				Name:        in.ID,
+				Title:       title,
+				Description: fmt.Sprintf("workspace of sandbox %s at %s: %d entries, sha256 %s", in.Sandbox, in.CreatedAt.Format(time.RFC3339), in.Files, in.SHA256),
+				MIMEType:    "application/x-tar",
+				Size:        in.SizeBytes,
+			})
+		}
+		return lr, nil
+	}
 }

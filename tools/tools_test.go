@@ -97,6 +97,10 @@ func TestToolsAsData(t *testing.T) {
 			if a.ReadOnlyHint || a.DestructiveHint == nil || *a.DestructiveHint {
 				t.Errorf("%s: want neither read-only nor destructive, got %+v", tool.Name, a)
 			}
+		case NameRestore, NameDeleteSnapshot:
+			if a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint || !a.IdempotentHint {
+				t.Errorf("%s: want destructive and idempotent, got %+v", tool.Name, a)
+			}
 		}
 		// Every tool takes the optional sandbox handle and reports it.
 		in, _ := json.Marshal(tool.InputSchema)
@@ -115,7 +119,7 @@ func TestToolsAsData(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	want := []string{NameExec, NameList, NameReadFile, NameSnapshot, NameWriteFile}
+	want := []string{NameExec, NameList, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools = %v, want %v", names, want)
 	}
