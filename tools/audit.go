@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 )
 
 // AuditLog appends one JSON object per line to a file: a record per tool
@@ -96,4 +99,47 @@ func (a *AuditLog) Close() error {
 	err := a.f.Close()
 	a.f = nil
 	return err
+}
+
+// AuditKindProxy tags the record of a proxy decision.
+const AuditKindProxy = "proxy_decision"
+
+// ProxyRecord is the audit record of one egress proxy decision.
+type ProxyRecord struct {
+	Kind       string    `json:"kind"`
+	Time       time.Time `json:"time"`
+	Sandbox    string    `json:"sandbox"`
+	Host       string    `json:"host"`
+	Normalized string    `json:"normalized,omitempty"`
+	Port       int       `json:"port"`
+	Resolved   []string  `json:"resolved,omitempty"`
+	Addr       string    `json:"addr,omitempty"`
+	Decision   string    `json:"decision"` // allow or deny
+	Reason     string    `json:"reason"`
+	Rule       string    `json:"rule,omitempty"`
+	Status     int       `json:"status"`
+	Duration   float64   `json:"duration_ms"`
+}
+
+// Proxy appends the record of a proxy decision: the sandbox, the host and
+// port asked for, the addresses it resolved to, the one dialled, and why.
+// A failed write is logged.
+func (a *AuditLog) Proxy(d netproxy.Decision) {
+	r := ProxyRecord{
+		Kind: AuditKindProxy, Time: time.Now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
+		Port: d.Port, Decision: "deny", Reason: d.Reason, Rule: d.Rule, Status: d.Status,
+		Duration: float64(d.Duration.Microseconds()) / 1000,
+	}
+	if d.Allow {
+		r.Decision = "allow"
+	}
+	for _, ip := range d.Resolved {
+		r.Resolved = append(r.Resolved, ip.String())
+	}
+	if d.Addr.IsValid() {
+		r.Addr = d.Addr.String()
+	}
+	if err := a.Write(r); err != nil {
+		a.log.Error("audit log write failed", "err", err)
+	}
 }

@@ -21,6 +21,14 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
+// Snapshot retention defaults: enough to keep a working history without
+// filling the disk unnoticed.
+const (
+	DefaultSnapshotMaxCount = 100
+	DefaultSnapshotMaxBytes = 10 << 30
+	DefaultSnapshotMaxAge   = 30 * 24 * time.Hour
+)
+
 // EnvPrefix starts the environment variable of every flag:
 // --max-file-bytes is SANDBOX_MCP_MAX_FILE_BYTES.
 const EnvPrefix = "SANDBOX_MCP_"
@@ -45,6 +53,12 @@ type Config struct {
 	Runtime string
 	// NetworkPool is where sandbox networks take their subnets.
 	NetworkPool netip.Prefix
+	// Warm is the number of sandbox containers kept started ahead of need.
+	Warm int
+	// WorkspaceFrom is a host directory each new workspace starts from.
+	WorkspaceFrom string
+	// Retention bounds the snapshots kept in the state directory.
+	Retention session.Retention
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 	// HTTP configures the streamable HTTP transport (--http and friends).
@@ -87,6 +101,11 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
+	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sessions)")
+	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed)")
+	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir; the oldest go first (0: no limit)")
+	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept; the oldest go first (0: no limit)")
+	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
@@ -108,6 +127,7 @@ func defaultConfig(getenv func(string) string) Config {
 		StateDir:    defaultStateDir(getenv),
 		IdleTimeout: 15 * time.Minute,
 		NetworkPool: session.DefaultNetworkPool,
+		Retention:   session.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
 		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},
 	}
@@ -117,6 +137,16 @@ func defaultConfig(getenv func(string) string) Config {
 // environment (through getenv) and the config file that --config or
 // SANDBOX_MCP_CONFIG names.
 func ParseConfig(args []string, getenv func(string) string) (Config, error) {
+	cfg, rest, err := parseConfig(args, getenv)
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("unexpected argument %q (see sandbox-mcp -h)", rest[0])
+	}
+	return cfg, err
+}
+
+// parseConfig is ParseConfig that returns the arguments after the flags
+// instead of refusing them.
+func parseConfig(args []string, getenv func(string) string) (Config, []string, error) {
 	cfg := defaultConfig(getenv)
 	f := newFlagSet(&cfg, getenv)
 	f.fs.SetOutput(io.Discard)
@@ -136,23 +166,20 @@ func ParseConfig(args []string, getenv func(string) string) (Config, error) {
 	if file != "" {
 		f.source++
 		if err := f.applyFile(file); err != nil {
-			return cfg, err
+			return cfg, nil, err
 		}
 	}
 	f.source++
 	if err := f.applyEnv(getenv); err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
 	f.source++
 	if err := f.fs.Parse(args); err != nil {
-		return cfg, fmt.Errorf("%w (see sandbox-mcp -h)", err)
-	}
-	if f.fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q (see sandbox-mcp -h)", f.fs.Arg(0))
+		return cfg, nil, fmt.Errorf("%w (see sandbox-mcp -h)", err)
 	}
 	cfg.ConfigFile = file
 	cfg.Env = f.env.resolved
-	return cfg, cfg.Validate()
+	return cfg, f.fs.Args(), cfg.Validate()
 }
 
 func (f *flagSet) applyFile(path string) error {
@@ -238,6 +265,20 @@ func (c Config) Validate() error {
 	}
 	if !c.NetworkPool.Addr().Is4() || c.NetworkPool.Bits() > 29 {
 		errs = append(errs, fmt.Errorf("--network-pool %s: give an IPv4 prefix of /29 or larger, e.g. 198.18.0.0/15", c.NetworkPool))
+	}
+	if c.Warm < 0 {
+		errs = append(errs, errors.New("--warm must not be negative"))
+	}
+	if c.HTTP.MaxSessions > 0 && c.Warm > c.HTTP.MaxSessions {
+		errs = append(errs, fmt.Errorf("--warm %d is above --max-sessions %d; warm containers count against it", c.Warm, c.HTTP.MaxSessions))
+	}
+	if c.WorkspaceFrom != "" {
+		if st, err := os.Stat(c.WorkspaceFrom); err != nil || !st.IsDir() {
+			errs = append(errs, fmt.Errorf("--workspace-from %s is not a directory", c.WorkspaceFrom))
+		}
+	}
+	if c.Retention.MaxCount < 0 || c.Retention.MaxBytes < 0 || c.Retention.MaxAge < 0 {
+		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes and --snapshot-max-age must not be negative"))
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))

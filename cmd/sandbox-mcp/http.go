@@ -88,7 +88,8 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.A
 			"addr", addr.String())
 	}
 
-	m, cli, err := newManager(ctx, cfg, log)
+	// No tunnel may lead back to this listener.
+	m, cli, err := newManager(ctx, cfg, log, audit, addr.AddrPort())
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -30,6 +31,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
@@ -58,6 +60,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return 0
 		case "doctor":
 			return doctor(ctx, args[1:], stdout, getenv)
+		case "snapshot":
+			return snapshotCmd(args[1:], stdout, stderr, getenv)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0
@@ -98,6 +102,7 @@ Usage:
   sandbox-mcp [flags]         serve MCP over stdio
   sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
   sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
+  sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
   sandbox-mcp version         print the version
 
 Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
@@ -132,7 +137,9 @@ func buildVersion() string {
 }
 
 // newManager connects to the engine and prepares the sandboxes' runtime.
-func newManager(ctx context.Context, cfg Config, log *slog.Logger) (*session.Manager, *client.Client, error) {
+// deny lists addresses the egress proxy must never reach (the MCP HTTP
+// listener); audit, if not nil, gets a record per proxy decision.
+func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.AuditLog, deny ...netip.AddrPort) (*session.Manager, *client.Client, error) {
 	cli, err := client.New(client.FromEnv)
 	if err != nil {
 		return nil, nil, fmt.Errorf("docker client: %w", err)
@@ -143,7 +150,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger) (*session.Man
 		cli.Close()
 		return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
 	}
-	m, err := session.NewManager(ctx, session.Options{
+	opts := session.Options{
 		Client:      cli,
 		Image:       cfg.Image,
 		AgentBinary: cfg.AgentBin,
@@ -153,10 +160,18 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger) (*session.Man
 		Runtime:     cfg.Runtime,
 		IdleTimeout: cfg.IdleTimeout,
 		NetworkPool: cfg.NetworkPool,
+		DenyAddrs:   deny,
 		// One sandbox per session: the session cap is the sandbox cap.
-		MaxSandboxes: cfg.HTTP.MaxSessions,
-		Logger:       log,
-	})
+		MaxSandboxes:  cfg.HTTP.MaxSessions,
+		Warm:          cfg.Warm,
+		WorkspaceFrom: cfg.WorkspaceFrom,
+		Retention:     cfg.Retention,
+		Logger:        log,
+	}
+	if audit != nil {
+		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
+	}
+	m, err := session.NewManager(ctx, opts)
 	if err != nil {
 		cli.Close()
 		return nil, nil, err
@@ -192,7 +207,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, audit *tools.AuditLog) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	m, cli, err := newManager(ctx, cfg, log)
+	m, cli, err := newManager(ctx, cfg, log, audit)
 	if err != nil {
 		return err
 	}

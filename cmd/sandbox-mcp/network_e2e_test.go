@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -165,5 +167,97 @@ func TestNetworkFlagsValidated(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want it to mention %q", args, err, want)
 		}
+	}
+}
+
+// TestSandboxCannotReachTheMCPPort (security-cases §6 #20, §2 #51): with
+// the server listening on every interface, a sandbox with a network still
+// cannot reach its port, on the gateway or on the host's own address.
+func TestSandboxCannotReachTheMCPPort(t *testing.T) {
+	token := "test-token-0123456789abcdef"
+	name, _ := os.Hostname()
+	h := startHTTP(t, httpOpts{addr: "0.0.0.0:0", args: []string{"--network", "allowlist", "--allow-host", name + ":1"},
+		env: []string{"SANDBOX_MCP_TOKEN=" + token}})
+	s := h.connect(token)
+	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; gw=${p%%:*}
+for target in "$gw %[1]s" "%[2]s %[1]s"; do
+  printf 'GET /healthz HTTP/1.0\r\n\r\n' | nc -w 2 $target && echo "REACHED $target"
+done; true`, h.port, hostAddr(t))
+	out := s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", script}})
+	if strings.Contains(out["stdout"].(string), "REACHED") || strings.Contains(out["stdout"].(string), "200 OK") {
+		t.Fatalf("a sandbox reached the MCP port:\n%s", out["stdout"])
+	}
+	// The port itself answers from the host, so the refusal is the firewall's.
+	if r := h.do("GET", "/healthz", nil, ""); r.status != 200 {
+		t.Fatalf("healthz from the host: %d", r.status)
+	}
+}
+
+// TestProxyDecisionsAudited: every proxy decision is an audit record that
+// names the sandbox, host, port, resolved address and reason.
+func TestProxyDecisionsAudited(t *testing.T) {
+	name, _ := os.Hostname()
+	up, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := up.Addr().(*net.TCPAddr).Port
+	audit := filepath.Join(t.TempDir(), "audit.jsonl")
+	s := startServer(t, serverOpts{args: []string{"--network", "allowlist", "--allow-host", fmt.Sprintf("%s:%d", name, port),
+		"--allow-private-networks", "--audit-log", audit}})
+	connect := func(target string) string {
+		script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n' | nc -w 2 ${p%%:*} ${p##*:} | head -1`, target)
+		return s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", script}})["stdout"].(string)
+	}
+	if got := connect(fmt.Sprintf("%s:%d", name, port)); !strings.Contains(got, "200") {
+		t.Fatalf("allowed CONNECT: %q", got)
+	}
+	if got := connect("blocked.example:443"); !strings.Contains(got, "403") {
+		t.Fatalf("refused CONNECT: %q", got)
+	}
+	sandbox := s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
+	s.cs.Close()
+	b, err := os.ReadFile(audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allow, deny map[string]any
+	tools := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		switch rec["kind"] {
+		case "proxy_decision":
+			if rec["decision"] == "allow" {
+				allow = rec
+			} else {
+				deny = rec
+			}
+		case "tool_call":
+			tools++
+		}
+	}
+	if tools != 3 {
+		t.Errorf("%d tool call records, want 3", tools)
+	}
+	if allow == nil || allow["sandbox"] != sandbox || allow["host"] != name || allow["port"] != float64(port) ||
+		allow["addr"] == "" || len(allow["resolved"].([]any)) == 0 || !strings.Contains(allow["reason"].(string), "allowed") {
+		t.Fatalf("allow record: %v", allow)
+	}
+	if deny == nil || deny["sandbox"] != sandbox || deny["host"] != "blocked.example" || deny["status"] != float64(403) ||
+		!strings.Contains(deny["reason"].(string), "--allow-host") {
+		t.Fatalf("deny record: %v", deny)
 	}
 }
