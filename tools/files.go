@@ -69,7 +69,13 @@ func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolR
 		fmt.Fprintf(&text, "; truncated at this server's cap of %d bytes, read the rest with offset=%d", d.Policy.MaxFileBytes, in.Offset+int64(len(res.Data)))
 	}
 	text.WriteString("\n")
-	text.WriteString(out.Content)
+	if out.Encoding == "utf-8" {
+		text.WriteString(out.Content)
+	} else {
+		// Base64 is no use to read; it is in the structured result's
+		// content field once, not twice.
+		text.WriteString("[binary: the bytes are in the result's content field, base64-encoded; to look at them, run e.g. `od -c` or `xxd` with sandbox_exec]\n")
+	}
 	content := []mcp.Content{&mcp.TextContent{Text: text.String()}}
 	if mime := imageType(res.Data); mime != "" && in.Offset == 0 && !res.Truncated && int64(len(res.Data)) == res.Size {
 		content = append(content, &mcp.ImageContent{Data: res.Data, MIMEType: mime})

@@ -91,7 +91,6 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 			Session:   sessionID(req),
 			Sandbox:   c.sandbox,
 			Tool:      name,
-			ArgDigest: digest(req.Params.Arguments),
 			Decision:  "allow",
 			ExitCode:  c.exit,
 			Bytes:     c.bytes,
@@ -126,6 +125,8 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 		}
 		d.Logger.Info("tool call", attrs...)
 		if d.Audit != nil {
+			// Hashing megabytes of arguments is work only the audit log needs.
+			rec.ArgDigest = digest(req.Params.Arguments)
 			d.Audit(rec)
 		}
 		return res, out, err
