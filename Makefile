@@ -45,6 +45,10 @@ doctor: build ## check the engine, the image and the agent
 test: setup image testimage ## run every test (unit, integration on the real engine, end to end) with -race
 	$(GO) test -race -count=1 -timeout 30m ./...
 
+.PHONY: bench
+bench: setup image build ## measure against baselines in one run (a few minutes); writes docs/bench/
+	$(GO) run ./cmd/sandbox-bench -bin $(BIN) -out docs/bench -readme README.md $(BENCHFLAGS)
+
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "run gofmt -w" >&2; exit 1; }
@@ -58,3 +62,4 @@ check: lint test ## lint, then every test
 clean: ## remove built binaries and leftover sandbox containers
 	rm -rf $(BIN)
 	-docker ps -aq --filter label=io.sandbox-mcp=1 | xargs -r docker rm -f
+	-docker images -q --filter label=io.sandbox-mcp.runtime=1 | xargs -r docker rmi

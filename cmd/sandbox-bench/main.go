@@ -1,0 +1,203 @@
+// Command sandbox-bench measures sandbox-mcp against its baselines, side by
+// side in one run (SPEC §7), through a real MCP client, and writes the
+// results as JSON, a Markdown table and a plot of the latency distributions.
+//
+//	go run ./cmd/sandbox-bench -bin bin -out docs/bench    (make bench)
+//
+// Every measure is repeated and reported as a median (and p99 where it
+// matters) with its ratio to a baseline measured in the same run: these
+// machines are shared and noisy, so absolute times drift but ratios hold.
+// It is a program, not a test: nothing here fails on a slow day.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/image"
+)
+
+func main() {
+	bin := flag.String("bin", "bin", "`dir`ectory holding sandbox-mcp and sandbox-agent (make build)")
+	img := flag.String("image", image.DefaultTag(), "sandbox `image` to measure with (must exist locally)")
+	out := flag.String("out", "docs/bench", "`dir`ectory for results.json, results.md and latency.png")
+	scale := flag.Float64("scale", 1, "multiply every repetition count by this (0.2 for a quick look)")
+	readme := flag.String("readme", "", "`file` whose block between the bench markers gets the new table (README.md)")
+	flag.Parse()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	b := &bench{bin: *bin, image: *img, scale: *scale, log: log}
+	if err := b.run(context.Background()); err != nil {
+		log.Error("bench failed", "err", err)
+		os.Exit(1)
+	}
+	if err := b.write(*out); err != nil {
+		log.Error("writing results", "err", err)
+		os.Exit(1)
+	}
+	if *readme != "" {
+		if err := updateReadme(*readme, b.markdown()); err != nil {
+			log.Error("updating the README", "err", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Print(b.markdown())
+}
+
+// bench holds one run.
+type bench struct {
+	bin   string
+	image string
+	scale float64
+	log   *slog.Logger
+
+	Machine Machine  `json:"machine"`
+	Rows    []Row    `json:"rows"`
+	Series  []Series `json:"series"` // raw samples, for the plot
+}
+
+// Machine describes where the numbers come from.
+type Machine struct {
+	Date     string `json:"date"`
+	CPUs     int    `json:"cpus"`
+	Kernel   string `json:"kernel"`
+	Docker   string `json:"docker"`
+	Go       string `json:"go"`
+	Image    string `json:"image"`
+	Duration string `json:"duration"`
+}
+
+// Row is one line of the results table.
+type Row struct {
+	Measure  string  `json:"measure"`
+	Value    string  `json:"value"`    // ours, e.g. "3.1 ms (p99 5.0 ms)"
+	Baseline string  `json:"baseline"` // what we compare with, and its value
+	Ratio    float64 `json:"ratio"`    // ours / baseline; 0 when there is none
+	Goal     string  `json:"goal"`
+	Met      bool    `json:"met"`
+	Note     string  `json:"note,omitempty"`
+}
+
+// Series is a set of latency samples in milliseconds.
+type Series struct {
+	Name    string    `json:"name"`
+	Samples []float64 `json:"samples_ms"`
+}
+
+func (b *bench) n(base int) int { return max(3, int(float64(base)*b.scale)) }
+
+func (b *bench) add(r Row) {
+	b.Rows = append(b.Rows, r)
+	b.log.Info("measured", "measure", r.Measure, "value", r.Value, "baseline", r.Baseline, "ratio", fmt.Sprintf("%.3f", r.Ratio), "goal", r.Goal, "met", r.Met)
+}
+
+func (b *bench) series(name string, ms []float64) {
+	b.Series = append(b.Series, Series{Name: name, Samples: ms})
+}
+
+func (b *bench) run(ctx context.Context) error {
+	start := time.Now()
+	b.Machine = machine(b.image)
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"first exec of a new session", b.firstExec},
+		{"warm exec", b.warmExec},
+		{"1 MiB read and write", b.fileIO},
+		{"32 sessions × 50 execs", b.concurrent},
+		{"memory per idle session", b.memory},
+		{"proxy", b.proxy},
+	}
+	for _, s := range steps {
+		b.log.Info("bench: " + s.name)
+		if err := s.fn(ctx); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	b.Machine.Duration = time.Since(start).Round(time.Second).String()
+	return nil
+}
+
+func machine(img string) Machine {
+	m := Machine{Date: time.Now().UTC().Format("2006-01-02"), CPUs: runtime.NumCPU(), Go: runtime.Version(), Image: img}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	m.Docker = strings.TrimSpace(cmdOutput("docker", "version", "--format", "{{.Server.Version}} (runc {{range .Server.Components}}{{if eq .Name \"runc\"}}{{.Version}}{{end}}{{end}})"))
+	return m
+}
+
+func (b *bench) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	j, err := json.MarshalIndent(b, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.markdown()), 0o644); err != nil {
+		return err
+	}
+	return plotLatency(b.Series, filepath.Join(dir, "latency.png"))
+}
+
+func (b *bench) markdown() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "Measured %s on %d CPUs, kernel %s, Docker %s, %s, image `%s`; the whole run took %s.\n\n",
+		b.Machine.Date, b.Machine.CPUs, b.Machine.Kernel, b.Machine.Docker, b.Machine.Go, b.Machine.Image, b.Machine.Duration)
+	s.WriteString("| measure | sandbox-mcp | baseline (same run) | ratio | goal | met |\n|---|---|---|---|---|---|\n")
+	for _, r := range b.Rows {
+		ratio := "—"
+		if r.Ratio > 0 {
+			ratio = fmt.Sprintf("%.3f×", r.Ratio)
+		}
+		met := "yes"
+		if !r.Met {
+			met = "**no**"
+		}
+		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %s |\n", r.Measure, r.Value, r.Baseline, ratio, r.Goal, met)
+	}
+	var notes []string
+	for _, r := range b.Rows {
+		if r.Note != "" {
+			notes = append(notes, fmt.Sprintf("- %s: %s", r.Measure, r.Note))
+		}
+	}
+	if len(notes) > 0 {
+		s.WriteString("\n" + strings.Join(notes, "\n") + "\n")
+	}
+	return s.String()
+}
+
+// The README's results table lives between these markers.
+const (
+	readmeStart = "<!-- bench:start (make bench writes this table) -->"
+	readmeEnd   = "<!-- bench:end -->"
+)
+
+// updateReadme replaces the block between the markers in path with table.
+func updateReadme(path, table string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(b)
+	i, j := strings.Index(s, readmeStart), strings.Index(s, readmeEnd)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s has no %q ... %q block", path, readmeStart, readmeEnd)
+	}
+	s = s[:i+len(readmeStart)] + "\n" + table + s[j:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}
