@@ -86,15 +86,15 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 		c := &call{req: req}
 		res, out, err := h(ctx, c, in)
 		rec := Record{
-			Time:      start.UTC(),
-			Caller:    d.Sessions.Owner(req),
-			Session:   sessionID(req),
-			Sandbox:   c.sandbox,
-			Tool:      name,
-			Decision:  "allow",
-			ExitCode:  c.exit,
-			Bytes:     c.bytes,
-			Duration:  float64(time.Since(start).Microseconds()) / 1000,
+			Time:     start.UTC(),
+			Caller:   d.Sessions.Owner(req),
+			Session:  sessionID(req),
+			Sandbox:  c.sandbox,
+			Tool:     name,
+			Decision: "allow",
+			ExitCode: c.exit,
+			Bytes:    c.bytes,
+			Duration: float64(time.Since(start).Microseconds()) / 1000,
 		}
 		var te *toolError
 		var se *session.Error
