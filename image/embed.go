@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"io/fs"
 )
 
 //go:embed Dockerfile build.sh
@@ -24,30 +25,23 @@ var files embed.FS
 // Repository is the name part of DefaultTag.
 const Repository = "sandbox-mcp"
 
-var defaultTag = Repository + ":" + contentHash(mustRead("Dockerfile"), mustRead("build.sh"))
+var defaultTag = TagOf(Repository, files)
 
 // DefaultTag returns "sandbox-mcp:<hash>", the tag image/build.sh gives the
 // default sandbox image built from the embedded Dockerfile and build.sh.
 func DefaultTag() string { return defaultTag }
 
-// Dockerfile returns a copy of the embedded image/Dockerfile.
-func Dockerfile() []byte { return mustRead("Dockerfile") }
-
-// BuildScript returns a copy of the embedded image/build.sh.
-func BuildScript() []byte { return mustRead("build.sh") }
-
-func mustRead(name string) []byte {
-	b, err := files.ReadFile(name)
-	if err != nil {
-		panic("image: embedded " + name + ": " + err.Error()) // cannot happen: go:embed guarantees it
-	}
-	return b
-}
-
-// contentHash returns the first 12 hex digits of sha256(a || b).
-func contentHash(a, b []byte) string {
+// TagOf returns "repo:<hash>" for an image directory's build files: the
+// first 12 hex digits of sha256(Dockerfile bytes, then build.sh bytes), as
+// `build.sh --print-tag` computes it. fsys holds both files.
+func TagOf(repo string, fsys fs.FS) string {
 	h := sha256.New()
-	h.Write(a)
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil))[:12]
+	for _, name := range []string{"Dockerfile", "build.sh"} {
+		b, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			panic("image: embedded " + name + ": " + err.Error()) // cannot happen: go:embed guarantees it
+		}
+		h.Write(b)
+	}
+	return repo + ":" + hex.EncodeToString(h.Sum(nil))[:12]
 }

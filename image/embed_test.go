@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"testing/fstest"
 )
 
 var tagPattern = regexp.MustCompile(`^sandbox-mcp:[0-9a-f]{12}$`)
@@ -33,18 +34,10 @@ func TestDefaultTagMatchesBuildScript(t *testing.T) {
 	}
 }
 
-func TestEmbeddedFilesNotEmpty(t *testing.T) {
-	if len(Dockerfile()) == 0 || len(BuildScript()) == 0 {
-		t.Fatal("embedded Dockerfile or build.sh is empty")
-	}
-	if !strings.Contains(string(Dockerfile()), "FROM ${BASE}") {
-		t.Fatal("embedded Dockerfile does not start from the imported base")
-	}
-}
-
-func TestContentHash(t *testing.T) {
+func TestTagOf(t *testing.T) {
+	fsys := fstest.MapFS{"Dockerfile": {Data: []byte("a")}, "build.sh": {Data: []byte("b")}}
 	// sha256("ab") = fb8e20fc2e4c3f248c60c39bd652f3c1347298bb977b8b4d5903b85055620603
-	if got := contentHash([]byte("a"), []byte("b")); got != "fb8e20fc2e4c" {
-		t.Fatalf("contentHash = %q", got)
+	if got := TagOf("repo", fsys); got != "repo:fb8e20fc2e4c" {
+		t.Fatalf("TagOf = %q", got)
 	}
 }

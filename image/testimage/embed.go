@@ -11,9 +11,9 @@
 package testimage
 
 import (
-	"crypto/sha256"
 	"embed"
-	"encoding/hex"
+
+	"github.com/sandbox-mcp/sandbox-mcp/image"
 )
 
 //go:embed Dockerfile build.sh
@@ -22,30 +22,8 @@ var files embed.FS
 // Repository is the name part of Tag.
 const Repository = "sandbox-mcp-test"
 
-var tag = Repository + ":" + contentHash(mustRead("Dockerfile"), mustRead("build.sh"))
+var tag = image.TagOf(Repository, files)
 
 // Tag returns "sandbox-mcp-test:<hash>", the tag image/testimage/build.sh
 // gives the test image built from the embedded Dockerfile and build.sh.
 func Tag() string { return tag }
-
-// Dockerfile returns a copy of the embedded image/testimage/Dockerfile.
-func Dockerfile() []byte { return mustRead("Dockerfile") }
-
-// BuildScript returns a copy of the embedded image/testimage/build.sh.
-func BuildScript() []byte { return mustRead("build.sh") }
-
-func mustRead(name string) []byte {
-	b, err := files.ReadFile(name)
-	if err != nil {
-		panic("testimage: embedded " + name + ": " + err.Error()) // cannot happen: go:embed guarantees it
-	}
-	return b
-}
-
-// contentHash returns the first 12 hex digits of sha256(a || b).
-func contentHash(a, b []byte) string {
-	h := sha256.New()
-	h.Write(a)
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil))[:12]
-}

@@ -32,12 +32,3 @@ func TestTagMatchesBuildScript(t *testing.T) {
 		t.Fatalf("tag %q does not match %s", got, tagPattern)
 	}
 }
-
-func TestEmbeddedFilesNotEmpty(t *testing.T) {
-	if len(Dockerfile()) == 0 || len(BuildScript()) == 0 {
-		t.Fatal("embedded Dockerfile or build.sh is empty")
-	}
-	if !strings.Contains(string(Dockerfile()), "FROM scratch") {
-		t.Fatal("embedded Dockerfile is not FROM scratch")
-	}
-}
