@@ -99,7 +99,9 @@ type Binaries struct {
 // race detector, so end-to-end tests check the real binary for races too.
 func Build(dir string, server, race bool) (Binaries, error) {
 	b := Binaries{Dir: dir, Server: filepath.Join(dir, "sandbox-mcp"), Agent: filepath.Join(dir, "sandbox-agent")}
-	agent := exec.Command("go", "build", "-o", b.Agent, "./cmd/sandbox-agent")
+	// -trimpath makes the agent the same bytes from any checkout, so test
+	// runs share one runtime image instead of adding one each.
+	agent := exec.Command("go", "build", "-trimpath", "-o", b.Agent, "./cmd/sandbox-agent")
 	agent.Dir = RepoRoot()
 	agent.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := agent.CombinedOutput(); err != nil {
