@@ -239,21 +239,22 @@ func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
 	if c.req.Session == nil {
 		return nil, errors.New("tools: call without a session")
 	}
+	if named != "" {
+		// A call naming a sandbox does not make one for its session.
+		sb, ok := s.m.Lookup(named, owner)
+		if !ok {
+			return nil, &toolError{code: policy.NotFound, msg: fmt.Sprintf(
+				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)}
+		}
+		c.sandbox = sb.ID()
+		return sb, nil
+	}
 	own, err := s.m.Sandbox(s.key(c.req.Session, owner), owner)
 	if err != nil {
 		return nil, err
 	}
-	if named == "" || named == own.ID() {
-		c.sandbox = own.ID()
-		return own, nil
-	}
-	sb, ok := s.m.Lookup(named, owner)
-	if !ok {
-		return nil, &toolError{code: policy.NotFound, msg: fmt.Sprintf(
-			"no sandbox %q belongs to you; omit \"sandbox\" to use this session's sandbox (%s)", named, own.ID())}
-	}
-	c.sandbox = sb.ID()
-	return sb, nil
+	c.sandbox = own.ID()
+	return own, nil
 }
 
 // codeErrors makes every failed tool result start with a code: the SDK
