@@ -267,9 +267,8 @@ func (s *Sandbox) Snapshot(ctx context.Context, label string) (SnapshotInfo, err
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
 	info, err := s.m.snaps.Create(label, s.id, s.owner, func(w io.Writer) error {
-		_, err := inst.conn.snapshot(ctx, w, agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth})
+		_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
 		return err
 	})
 	return info, s.failed(inst, err)
@@ -312,8 +311,7 @@ func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (S
 		return info, err
 	}
 	defer f.Close()
-	maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
-	res, err := inst.conn.restore(ctx, f, agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth})
+	res, err := inst.conn.restore(ctx, f, snapshotLimits(s.m.opts.Policy))
 	info.restored = res
 	return info, err
 }
@@ -360,8 +358,7 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 		info, err := s.m.snaps.Create("auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, s.owner, func(w io.Writer) error {
 			ctx, cancel := context.WithTimeout(s.ctx, bulkTimeout)
 			defer cancel()
-			maxBytes, maxEntries, maxDepth := snapshotLimits(s.m.opts.Policy)
-			_, err := inst.conn.snapshot(ctx, w, agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth})
+			_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
 			return err
 		})
 		if err != nil {

@@ -96,8 +96,7 @@ func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
 	if sd == nil || m.opts.Policy.ReadOnly {
 		return nil
 	}
-	maxBytes, maxEntries, maxDepth := snapshotLimits(m.opts.Policy)
-	if _, err := inst.conn.restore(ctx, sd.reader(), agentproto.Limits{MaxBytes: maxBytes, MaxEntries: maxEntries, MaxDepth: maxDepth}); err != nil {
+	if _, err := inst.conn.restore(ctx, sd.reader(), snapshotLimits(m.opts.Policy)); err != nil {
 		return errorf(policy.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
 	}
 	return nil

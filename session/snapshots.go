@@ -305,9 +305,9 @@ func (s *SnapshotStore) Delete(id string) error {
 	return os.Remove(tarPath)
 }
 
-// snapshotLimits are the caps on a snapshot's tar stream.
-func snapshotLimits(p policy.Policy) (maxBytes int64, maxEntries, maxDepth int) {
-	// The stream holds the workspace's bytes plus headers and padding; the
-	// workspace cap plus some room for those is the ceiling.
-	return p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20, 1 << 20, 256
+// snapshotLimits are the caps on a workspace's tar stream, both ways. The
+// stream holds the workspace's bytes plus headers and padding: the workspace
+// cap plus some room for those is the ceiling.
+func snapshotLimits(p policy.Policy) agentproto.Limits {
+	return agentproto.Limits{MaxBytes: p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20, MaxEntries: 1 << 20, MaxDepth: 256}
 }
