@@ -97,6 +97,8 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Float64Var(&p.CPUs, "cpus", p.CPUs, "CPU limit of a sandbox")
 	fs.Int64Var(&p.Pids, "pids", p.Pids, "process limit of a sandbox")
 	fs.IntVar(&p.MaxExecs, "max-execs", p.MaxExecs, "commands one sandbox runs at once; more get BUSY")
+	fs.Var(&bytesValue{&p.MaxInflightBytes}, "max-inflight-bytes", "memory (`bytes`) the server holds at most for file, list, snapshot and resource calls in flight, all sandboxes together; more get BUSY")
+	fs.Var(&bytesValue{&p.MaxSessionInflightBytes}, "max-session-inflight-bytes", "memory (`bytes`) one sandbox's calls in flight may hold at most, within --max-inflight-bytes")
 	fs.Var(&choice{v: (*string)(&p.Network), allowed: []string{"none", "allowlist"}}, "network", "`mode`: none (no network at all) or allowlist (an internal network whose only way out is the egress proxy)")
 	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
@@ -285,6 +287,24 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.HTTP.Validate(), tokensNotInEnv(c.HTTP.Tokens, c.Env))
 	return errors.Join(errs...)
+}
+
+// memoryBase is the server's memory besides calls in flight, at most: the
+// process with its sessions (a fraction of a MiB each) and the requests
+// being read.
+const memoryBase = 64 << 20
+
+// MemoryLimit is the soft limit given to the Go runtime (GOMEMLIMIT) unless
+// the environment sets one: what calls in flight may hold, and the base.
+// Near it the garbage collector runs more often, so garbage of finished
+// calls does not pile up beside the live calls' memory. Over stdio there is
+// one session, so one sandbox: its share is all calls may hold.
+func (c Config) MemoryLimit() int64 {
+	inflight := c.Policy.MaxInflightBytes
+	if c.HTTP.Addr == "" {
+		inflight = min(inflight, c.Policy.MaxSessionInflightBytes)
+	}
+	return inflight + memoryBase
 }
 
 func defaultStateDir(getenv func(string) string) string {
