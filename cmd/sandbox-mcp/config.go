@@ -283,7 +283,30 @@ func (c Config) Validate() error {
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))
 	}
-	errs = append(errs, c.HTTP.Validate(), tokensNotInEnv(c.HTTP.Tokens, c.Env))
+	errs = append(errs, c.HTTP.Validate(), checkEnv(c.Env, c.HTTP.Tokens))
+	return errors.Join(errs...)
+}
+
+// checkEnv refuses --env variables that would hand the server's own
+// configuration to every sandbox: a variable named SANDBOX_MCP_* (in either
+// form, NAME=VALUE or NAME), or a value that holds an HTTP token anywhere in
+// it (so a token list, or a token inside a URL, is refused too). No message
+// quotes a value.
+func checkEnv(env, tokens []string) error {
+	var errs []error
+	for _, kv := range env {
+		name, val, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(strings.ToUpper(name), EnvPrefix) {
+			errs = append(errs, fmt.Errorf("--env %s: variables named %s* configure this server (its tokens among them) and never enter a sandbox; give the sandboxes what they need under another name", name, EnvPrefix))
+			continue
+		}
+		for _, t := range tokens {
+			if t != "" && strings.Contains(val, t) {
+				errs = append(errs, fmt.Errorf("--env %s: its value contains an HTTP token (--token or %s), and every sandbox would see it; pass the sandboxes a value that holds no token", name, EnvVar("token")))
+				break
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 

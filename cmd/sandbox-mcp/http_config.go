@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"slices"
 	"strings"
 )
 
@@ -120,16 +119,4 @@ func normalizeHostName(h string) (string, error) {
 		return "", errors.New("want a host name or address, e.g. mcp.example.com")
 	}
 	return h, nil
-}
-
-// tokensNotInEnv refuses an --env variable whose value is an HTTP token:
-// every sandbox would see it.
-func tokensNotInEnv(tokens, env []string) error {
-	for _, kv := range env {
-		name, val, _ := strings.Cut(kv, "=")
-		if slices.Contains(tokens, val) {
-			return fmt.Errorf("--env %s: its value is one of the --token tokens, and every sandbox would see it; pass the sandboxes another value", name)
-		}
-	}
-	return nil
 }
