@@ -62,6 +62,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return doctor(ctx, args[1:], stdout, getenv)
 		case "snapshot":
 			return snapshotCmd(args[1:], stdout, stderr, getenv)
+		case "audit":
+			return auditCmd(args[1:], stdin, stdout, stderr, getenv)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0
@@ -75,7 +77,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	log := newLogger(stderr, cfg.LogLevel)
 	var audit *tools.AuditLog
 	if cfg.AuditLog != "" {
-		if audit, err = tools.OpenAuditLog(cfg.AuditLog, log); err != nil {
+		key, err := tools.LoadAuditKey(cfg.StateDir)
+		if err == nil {
+			audit, err = tools.OpenAuditLog(cfg.AuditLog, key, log)
+		}
+		if err != nil {
 			log.Error("sandbox-mcp not started", "err", err)
 			return 1
 		}
@@ -103,6 +109,7 @@ Usage:
   sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
   sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
   sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
+  sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
   sandbox-mcp version         print the version
 
 Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
