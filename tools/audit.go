@@ -122,11 +122,15 @@ func (a *AuditLog) Close() error {
 // AuditKindProxy tags the record of a proxy decision.
 const AuditKindProxy = "proxy_decision"
 
-// ProxyRecord is the audit record of one egress proxy decision.
+// ProxyRecord is the audit record of an egress proxy decision: one per
+// allowed request, and for refusals the aggregates the proxy makes (the
+// first of each kind per interval, then a summary with the count of its
+// repeats; see netproxy.Config.RefusalInterval).
 type ProxyRecord struct {
 	Kind       string    `json:"kind"`
 	Time       time.Time `json:"time"`
 	Sandbox    string    `json:"sandbox"`
+	Client     string    `json:"client,omitempty"`
 	Host       string    `json:"host"`
 	Normalized string    `json:"normalized,omitempty"`
 	Port       int       `json:"port"`
@@ -137,16 +141,21 @@ type ProxyRecord struct {
 	Rule       string    `json:"rule,omitempty"`
 	Status     int       `json:"status"`
 	Duration   float64   `json:"duration_ms"`
+	Count      int       `json:"count"`             // requests this record stands for
+	Summary    bool      `json:"summary,omitempty"` // sums up an interval's repeated refusals
 }
 
 // Proxy appends the record of a proxy decision: the sandbox, the host and
-// port asked for, the addresses it resolved to, the one dialled, and why.
-// A failed write is logged.
+// port asked for, the addresses it resolved to, the one dialled, why, and
+// how many requests the record stands for. A failed write is logged.
 func (a *AuditLog) Proxy(d netproxy.Decision) {
 	r := ProxyRecord{
 		Kind: AuditKindProxy, Time: time.Now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
 		Port: d.Port, Decision: "deny", Reason: d.Reason, Rule: d.Rule, Status: d.Status,
-		Duration: float64(d.Duration.Microseconds()) / 1000,
+		Duration: float64(d.Duration.Microseconds()) / 1000, Count: d.Count, Summary: d.Summary,
+	}
+	if d.Client.IsValid() {
+		r.Client = d.Client.String()
 	}
 	if d.Allow {
 		r.Decision = "allow"

@@ -5,12 +5,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 )
 
 func TestAuditLogLines(t *testing.T) {
@@ -216,5 +219,30 @@ func TestAuditKeyFile(t *testing.T) {
 	os.WriteFile(filepath.Join(shared, AuditKeyFile), []byte("short"), 0o600)
 	if _, err := LoadAuditKey(shared); err == nil || !strings.Contains(err.Error(), "remove it") {
 		t.Errorf("a short key: %v", err)
+	}
+}
+
+// TestAuditProxySummary: a proxy record says how many requests it stands
+// for, whether it sums up repeated refusals, and where they came from.
+func TestAuditProxySummary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	a, err := OpenAuditLog(path, testKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Proxy(netproxy.Decision{Sandbox: "sb-1", Client: netip.MustParseAddr("198.18.0.2"), Host: "evil.com", Port: 443, Status: 403, Reason: "not allowed", Count: 41, Summary: true})
+	a.Proxy(netproxy.Decision{Sandbox: "sb-1", Host: "api.example.com", Port: 443, Allow: true, Status: 200, Count: 1})
+	a.Close()
+	raw, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	var sum, one map[string]any
+	if len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &sum) != nil || json.Unmarshal([]byte(lines[1]), &one) != nil {
+		t.Fatalf("audit lines: %s", raw)
+	}
+	if sum["count"] != float64(41) || sum["summary"] != true || sum["client"] != "198.18.0.2" || sum["decision"] != "deny" {
+		t.Errorf("summary record: %v", sum)
+	}
+	if one["count"] != float64(1) || one["summary"] != nil || one["decision"] != "allow" {
+		t.Errorf("single record: %v", one)
 	}
 }
