@@ -57,6 +57,9 @@ type ContainerParams struct {
 
 	// Network is "none" or the name of the sandbox's own internal network.
 	Network string
+	// NetworkAddr is the container's address on Network (zero lets the
+	// engine pick). The egress proxy serves this address only.
+	NetworkAddr netip.Addr
 	// DNS replaces the engine's upstream resolvers (nil keeps them). A
 	// sandbox on an internal network gets its gateway, where the firewall
 	// refuses port 53: lookups fail at once, and no query leaves.
@@ -132,9 +135,11 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 	}
 	var netCfg *network.NetworkingConfig
 	if netMode != "none" {
-		netCfg = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
-			netMode: {},
-		}}
+		ep := &network.EndpointSettings{}
+		if p.NetworkAddr.IsValid() {
+			ep.IPAMConfig = &network.EndpointIPAMConfig{IPv4Address: p.NetworkAddr}
+		}
+		netCfg = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{netMode: ep}}
 	}
 	return client.ContainerCreateOptions{
 		Name:             p.Name,

@@ -101,6 +101,9 @@ func TestContainerSpec(t *testing.T) {
 	n := ContainerSpec(p)
 	check("network mode", n.HostConfig.NetworkMode == "sandbox-mcp-net-sb-1")
 	check("endpoint", n.NetworkingConfig != nil && len(n.NetworkingConfig.EndpointsConfig) == 1 && n.NetworkingConfig.EndpointsConfig["sandbox-mcp-net-sb-1"] != nil)
+	p.NetworkAddr = netip.MustParseAddr("198.18.0.2")
+	ep := ContainerSpec(p).NetworkingConfig.EndpointsConfig["sandbox-mcp-net-sb-1"]
+	check("the address the proxy serves", ep.IPAMConfig != nil && ep.IPAMConfig.IPv4Address == p.NetworkAddr)
 
 	// The spec does not share the caller's slices and maps.
 	p2 := testParams()

@@ -380,7 +380,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		}
 	}()
 	env := m.sandboxEnv()
-	netName, dns := "none", []netip.Addr(nil)
+	netName, dns, addr := "none", []netip.Addr(nil), netip.Addr{}
 	if m.proxy != nil {
 		n, err := m.openNet(ctx, sandbox, name)
 		if err != nil {
@@ -388,7 +388,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		}
 		inst.net = n
 		env = append(env, n.env()...)
-		netName, dns = n.name, []netip.Addr{n.gateway}
+		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
 	}
 	spec := ContainerSpec(ContainerParams{
 		Name:              name,
@@ -406,6 +406,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		Pids:              p.Pids,
 		NoFile:            DefaultNoFile,
 		Network:           netName,
+		NetworkAddr:       addr,
 		DNS:               dns,
 		Runtime:           m.opts.Runtime,
 	})
