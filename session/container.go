@@ -66,6 +66,9 @@ type ContainerParams struct {
 	DNS []netip.Addr
 	// Runtime is the OCI runtime ("" for the engine's default, or "runsc").
 	Runtime string
+	// SeccompProfile is a seccomp profile (JSON) replacing the engine's
+	// default; "" keeps the default.
+	SeccompProfile string
 }
 
 // ContainerSpec builds the options that create a sandbox container. It is
@@ -110,7 +113,7 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		NetworkMode:    container.NetworkMode(netMode),
 		AutoRemove:     true,
 		CapDrop:        []string{"ALL"},
-		SecurityOpt:    []string{"no-new-privileges=true"},
+		SecurityOpt:    securityOpts(p.SeccompProfile),
 		ReadonlyRootfs: true,
 		Init:           &yes,
 		Runtime:        p.Runtime,
@@ -147,4 +150,15 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		HostConfig:       host,
 		NetworkingConfig: netCfg,
 	}
+}
+
+// securityOpts are the container's security options: no-new-privileges,
+// and the operator's seccomp profile if there is one (the engine takes the
+// profile's JSON itself, as the docker CLI sends it).
+func securityOpts(seccompProfile string) []string {
+	opts := []string{"no-new-privileges=true"}
+	if seccompProfile != "" {
+		opts = append(opts, "seccomp="+seccompProfile)
+	}
+	return opts
 }

@@ -66,6 +66,9 @@ type Options struct {
 	Instance string
 	// Runtime is the OCI runtime ("" for the engine default).
 	Runtime string
+	// SeccompProfile is a seccomp profile (JSON) for every sandbox in place
+	// of the engine's default; "" keeps the default.
+	SeccompProfile string
 	// Lease is how long an agent lives without hearing from the server; 0
 	// means DefaultLease.
 	Lease time.Duration
@@ -409,6 +412,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		NetworkAddr:       addr,
 		DNS:               dns,
 		Runtime:           m.opts.Runtime,
+		SeccompProfile:    m.opts.SeccompProfile,
 	})
 	start := time.Now()
 	created, err := m.cli.ContainerCreate(ctx, spec)

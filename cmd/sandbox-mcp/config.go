@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -51,6 +52,11 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
+	// SeccompProfileFile names a seccomp profile (JSON) for sandboxes in
+	// place of the engine's default ("" keeps the default); SeccompProfile
+	// is its content, read and checked when the configuration is parsed.
+	SeccompProfileFile string
+	SeccompProfile     string
 	// NetworkPool is where sandbox networks take their subnets.
 	NetworkPool netip.Prefix
 	// Warm is the number of sandbox containers kept started ahead of need.
@@ -112,6 +118,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
+	fs.StringVar(&cfg.SeccompProfileFile, "seccomp-profile", cfg.SeccompProfileFile, "seccomp profile `file` (JSON) for sandboxes in place of the engine's default, e.g. examples/seccomp-no-io_uring.json")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "JSON config `file`: an object whose keys are flag names (flags and the environment win over it)")
 	f.addTransportFlags(cfg)
@@ -179,7 +186,50 @@ func parseConfig(args []string, getenv func(string) string) (Config, []string, e
 	}
 	cfg.ConfigFile = file
 	cfg.Env = f.env.resolved
-	return cfg, f.fs.Args(), cfg.Validate()
+	err := cfg.Validate()
+	if cfg.SeccompProfileFile != "" {
+		var perr error
+		cfg.SeccompProfile, perr = loadSeccompProfile(cfg.SeccompProfileFile)
+		err = errors.Join(err, perr)
+	}
+	return cfg, f.fs.Args(), err
+}
+
+// maxSeccompProfile bounds the profile file read at start; the engine's
+// default profile is under 20 KiB.
+const maxSeccompProfile = 1 << 20
+
+// loadSeccompProfile reads a seccomp profile and checks that it is one: a
+// JSON object with a defaultAction. It returns the profile compacted, as
+// the engine receives it.
+func loadSeccompProfile(path string) (string, error) {
+	const hint = "give a JSON seccomp profile such as examples/seccomp-no-io_uring.json (the engine's default without io_uring)"
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("--seccomp-profile: %w; %s", err, hint)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSeccompProfile+1))
+	if err != nil {
+		return "", fmt.Errorf("--seccomp-profile %s: %w", path, err)
+	}
+	if len(b) > maxSeccompProfile {
+		return "", fmt.Errorf("--seccomp-profile %s is larger than %d bytes; %s", path, maxSeccompProfile, hint)
+	}
+	var profile struct {
+		DefaultAction string `json:"defaultAction"`
+	}
+	if err := json.Unmarshal(b, &profile); err != nil {
+		return "", fmt.Errorf("--seccomp-profile %s is not a JSON object (%v); %s", path, err, hint)
+	}
+	if profile.DefaultAction == "" {
+		return "", fmt.Errorf("--seccomp-profile %s has no \"defaultAction\"; %s", path, hint)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
+		return "", fmt.Errorf("--seccomp-profile %s: %w", path, err)
+	}
+	return compact.String(), nil
 }
 
 func (f *flagSet) applyFile(path string) error {

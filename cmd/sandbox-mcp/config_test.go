@@ -148,6 +148,45 @@ func TestEnvNeverCarriesServerSecrets(t *testing.T) {
 	}
 }
 
+// TestSeccompProfileFlag: --seccomp-profile is read and checked at start,
+// with an error that says what to give; the example profile passes and is
+// the engine's default without io_uring.
+func TestSeccompProfileFlag(t *testing.T) {
+	dir := t.TempDir()
+	env := envFrom(map[string]string{"HOME": dir})
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for path, want := range map[string]string{
+		filepath.Join(dir, "missing.json"):      "no such file",
+		write("yaml.json", "defaultAction: x"):  "is not a JSON object",
+		write("list.json", "[1, 2]"):            "is not a JSON object",
+		write("empty.json", `{"syscalls": []}`): `has no "defaultAction"`,
+	} {
+		_, err := ParseConfig([]string{"--seccomp-profile", path}, env)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "examples/seccomp-no-io_uring.json") {
+			t.Errorf("--seccomp-profile %s: %v, want %q and the example to use", filepath.Base(path), err, want)
+		}
+	}
+
+	example := filepath.Join(testenv.RepoRoot(), "examples", "seccomp-no-io_uring.json")
+	cfg, err := ParseConfig([]string{"--seccomp-profile", example}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SeccompProfileFile != example || !strings.HasPrefix(cfg.SeccompProfile, `{"defaultAction":"SCMP_ACT_ERRNO",`) ||
+		strings.Contains(cfg.SeccompProfile, "io_uring") || !strings.Contains(cfg.SeccompProfile, `"openat2"`) {
+		t.Fatalf("the example profile: file %q, profile %.120q", cfg.SeccompProfileFile, cfg.SeccompProfile)
+	}
+	if cfg, _ := ParseConfig(nil, env); cfg.SeccompProfile != "" {
+		t.Fatal("a profile without --seccomp-profile")
+	}
+}
+
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{"0": 0, "1048576": 1 << 20, "512KiB": 512 << 10, "8MiB": 8 << 20, "1GiB": 1 << 30, "1g": 1 << 30, "64m": 64 << 20, "2 MB": 2 << 20} {
 		if got, err := ParseBytes(in); err != nil || got != want {

@@ -175,6 +175,8 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 		Retention:     cfg.Retention,
 		Logger:        log,
 	}
+	// The profile's JSON, read and checked with the configuration.
+	opts.SeccompProfile = cfg.SeccompProfile
 	if audit != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
 	}
@@ -262,5 +264,6 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
-		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime)
+		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
+		"seccomp_profile", cfg.SeccompProfileFile)
 }
