@@ -53,7 +53,8 @@ type Options struct {
 	Env []string
 	// StateDir holds snapshots and the server's records. Required.
 	StateDir string
-	// Retention bounds the snapshots kept in StateDir.
+	// Retention bounds the snapshots kept in StateDir. Its
+	// MaxSnapshotBytes is set from Policy (the workspace's stream limit).
 	Retention Retention
 	// Warm is the number of containers kept started ahead of need, so a
 	// new session's first call does not wait for one (0: none).
@@ -156,6 +157,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	opts.Retention.MaxSnapshotBytes = snapshotLimits(opts.Policy).MaxBytes
 	snaps, err := OpenSnapshotStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
 	if err != nil {
 		return nil, err
