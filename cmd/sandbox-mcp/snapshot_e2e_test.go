@@ -73,14 +73,14 @@ func TestSnapshotsAcrossRestarts(t *testing.T) {
 }
 
 func TestSnapshotRetentionFlags(t *testing.T) {
-	s := startServer(t, serverOpts{args: []string{"--snapshot-max-count", "2"}})
+	s := startServer(t, serverOpts{args: []string{"--snapshot-max-count", "3", "--snapshot-max-count-per-caller", "2"}})
 	var ids []string
 	for range 3 {
 		ids = append(ids, s.ok("sandbox_snapshot", nil)["id"].(string))
 	}
 	listed := listedSnapshots(t, s)
 	if len(listed) != 2 || listed[ids[0]] != nil {
-		t.Fatalf("with --snapshot-max-count 2: %v", listed)
+		t.Fatalf("with --snapshot-max-count-per-caller 2: %v", listed)
 	}
 }
 
