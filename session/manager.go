@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -506,34 +505,6 @@ func (m *Manager) removeInstance(inst *instance) {
 	}
 	if inst.net != nil {
 		m.closeNet(inst.net)
-	}
-}
-
-// reapLoop removes the containers of idle sandboxes.
-func (m *Manager) reapLoop() {
-	defer m.wg.Done()
-	t := time.NewTicker(max(m.opts.IdleTimeout/10, 100*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case now := <-t.C:
-			m.mu.Lock()
-			all := slices.Collect(func(yield func(*Sandbox) bool) {
-				for _, s := range m.byKey {
-					if !yield(s) {
-						return
-					}
-				}
-			})
-			m.mu.Unlock()
-			for _, s := range all {
-				if s.idleFor(now) >= m.opts.IdleTimeout {
-					s.reapIdle(m.opts.IdleTimeout)
-				}
-			}
-		}
 	}
 }
 
