@@ -565,3 +565,80 @@ func TestSnapshotsSurviveAServerRestart(t *testing.T) {
 		t.Fatalf("after a restart: %q", got)
 	}
 }
+
+// TestConcurrentSnapshotsOfAWorkspaceStayUnderTheByteCap: eight snapshots
+// of a 100 MiB workspace at once, against a 300 MiB cap that one earlier
+// snapshot shares, while the snapshot directory is sampled: it never holds
+// more than the cap. Each reserves the workspace's stream limit (145 MiB),
+// so two are written, the old one deleted to make room for them, and six
+// get BUSY at once.
+func TestConcurrentSnapshotsOfAWorkspaceStayUnderTheByteCap(t *testing.T) {
+	const capBytes = 300 << 20
+	state := t.TempDir()
+	m := testManager(t, func(o *Options) {
+		o.StateDir = state
+		o.Policy.MaxWorkspaceBytes = 128 << 20
+		o.Policy.Memory = 512 << 20
+		o.Retention = Retention{MaxBytes: capBytes}
+	})
+	sb := newSandbox(t, m)
+	sh(t, sb, "head -c 104857600 /dev/urandom > big")
+	dir := filepath.Join(state, "snapshots")
+	// One stored already: with two more it passes the cap, and makes room.
+	old, err := sb.Snapshot(context.Background(), "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	stop := make(chan struct{})
+	sampled := make(chan int64)
+	go func() {
+		var peak int64
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			a, _ := dirBytes(t, dir)
+			peak = max(peak, a)
+			select {
+			case <-stop:
+				sampled <- peak
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			_, err := sb.Snapshot(context.Background(), "")
+			errs <- err
+		}()
+	}
+	var ok, busy int
+	for range 8 {
+		err := <-errs
+		switch e, isErr := AsError(err); {
+		case err == nil:
+			ok++
+		case isErr && e.Code == policy.Busy:
+			busy++
+		default:
+			t.Errorf("snapshot: %v", err)
+		}
+	}
+	close(stop)
+	peak := <-sampled
+	t.Logf("%d stored, %d busy; at most %d MiB of archives on disk", ok, busy, peak>>20)
+	if ok != 2 || busy != 6 {
+		t.Errorf("%d stored, %d busy; want 2 and 6", ok, busy)
+	}
+	if peak > capBytes {
+		t.Errorf("the snapshot directory held %d bytes of archives at a time, more than the %d-byte cap", peak, capBytes)
+	}
+	if a, _ := dirBytes(t, dir); a > capBytes {
+		t.Errorf("%d bytes of archives left, more than the cap", a)
+	}
+	if _, err := m.Snapshots().Get(old.ID); err != ErrSnapshotNotFound {
+		t.Errorf("the old snapshot was not deleted to make room: %v", err)
+	}
+}
