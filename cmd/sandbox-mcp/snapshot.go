@@ -51,7 +51,9 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tCREATED\tSIZE\tFILES\tSANDBOX\tLABEL")
 		for _, in := range all {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", in.ID, in.CreatedAt.Local().Format(time.DateTime), in.SizeBytes, in.Files, in.Sandbox, in.Label)
+			// Records are the callers' (labels) and could be tampered
+			// with (ids): nothing in them reaches the terminal raw.
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", termSafe(in.ID), in.CreatedAt.Local().Format(time.DateTime), in.SizeBytes, in.Files, termSafe(in.Sandbox), termSafe(in.Label))
 		}
 		tw.Flush()
 		return 0
@@ -62,10 +64,10 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 		}
 		res, err := exportSnapshot(store, rest[0], rest[1])
 		if err != nil {
-			fmt.Fprintf(stderr, "sandbox-mcp snapshot export: %v\n", err)
+			fmt.Fprintf(stderr, "sandbox-mcp snapshot export: %s\n", termSafe(err.Error()))
 			return 1
 		}
-		fmt.Fprintf(stdout, "exported %s to %s: %d entries, %d skipped\n", rest[0], rest[1], res.Files, res.Skipped)
+		fmt.Fprintf(stdout, "exported %s to %s: %d entries, %d skipped\n", termSafe(rest[0]), termSafe(rest[1]), res.Files, res.Skipped)
 		return 0
 	case "rm", "delete":
 		if len(rest) == 0 {
@@ -75,11 +77,11 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 		code := 0
 		for _, id := range rest {
 			if err := store.Delete(id); err != nil {
-				fmt.Fprintf(stderr, "sandbox-mcp snapshot rm %s: %v\n", id, err)
+				fmt.Fprintf(stderr, "sandbox-mcp snapshot rm %s: %v\n", termSafe(id), err)
 				code = 1
 				continue
 			}
-			fmt.Fprintf(stdout, "deleted %s\n", id)
+			fmt.Fprintf(stdout, "deleted %s\n", termSafe(id))
 		}
 		return code
 	}
