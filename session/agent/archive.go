@@ -407,6 +407,56 @@ func (s *snapWriter) flush() error {
 // is TOO_LARGE. After the end-of-archive marker, src is read to its end
 // (within MaxBytes) and the rest is ignored.
 func (w *Workspace) Restore(src io.Reader, lim agentproto.Limits) (agentproto.RestoreResult, error) {
+	return w.Extract(src, lim, ExtractOptions{})
+}
+
+// ExtractOptions adjust Extract for a tree that is not a sandbox's own
+// workspace, such as a directory on the host (sandbox-mcp snapshot export).
+// The zero value extracts as Restore does.
+type ExtractOptions struct {
+	// ClearMode holds permission bits cleared from every file and
+	// directory created, on top of setuid, setgid and sticky (e.g. the
+	// umask, and group and other write).
+	ClearMode uint32
+	// KeepSymlink, if set, decides for each symlink entry, by its name and
+	// target, whether it is created; one it refuses is skipped (counted in
+	// Skipped) and nothing else changes.
+	KeepSymlink func(name, target string) bool
+}
+
+// SymlinkStaysInside reports whether a symlink entry named name, whose
+// target is target, leads to a place inside the tree it is extracted into,
+// whatever the other entries are: the target is relative, and made only of
+// ".." components followed only of other components, with no more ".."
+// than name has parent directories. Every step up is then taken from the
+// link's own directory (a real directory of the tree: entries are never
+// placed through a symlink), and every step down stays inside, symlinks
+// met on the way included, as each of those passed the same test. A target
+// such as "a/../.." is refused, though it may be harmless, because "a"
+// could itself be a symlink.
+func SymlinkStaysInside(name, target string) bool {
+	comps, problem := entryComps(name)
+	if problem != "" || len(comps) == 0 || target == "" || strings.HasPrefix(target, "/") {
+		return false
+	}
+	up, down := 0, false
+	for c := range strings.SplitSeq(target, "/") {
+		switch c {
+		case "", ".":
+		case "..":
+			if down {
+				return false
+			}
+			up++
+		default:
+			down = true
+		}
+	}
+	return up <= len(comps)-1
+}
+
+// Extract is Restore with options (see ExtractOptions).
+func (w *Workspace) Extract(src io.Reader, lim agentproto.Limits, opt ExtractOptions) (agentproto.RestoreResult, error) {
 	const op = "restore"
 	var res agentproto.RestoreResult
 	if err := checkLimits(op, lim); err != nil {
@@ -446,6 +496,7 @@ func (w *Workspace) Restore(src io.Reader, lim agentproto.Limits) (agentproto.Re
 	x := &extractor{
 		staging: staging,
 		lim:     lim,
+		opt:     opt,
 		in:      &capReader{r: src, max: lim.MaxBytes},
 		regular: map[string]bool{},
 		dirs:    map[string]dirMeta{},
@@ -619,6 +670,7 @@ type dirMeta struct {
 type extractor struct {
 	staging int // the staging directory, open for reading
 	lim     agentproto.Limits
+	opt     ExtractOptions
 	in      *capReader
 	buf     []byte
 
@@ -870,7 +922,7 @@ func (x *extractor) regularFile(tr *tar.Reader, hdr *tar.Header, comps []string)
 			return x.streamErr(rerr)
 		}
 	}
-	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o777); err != nil {
+	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o777&^x.opt.ClearMode); err != nil {
 		return x.fail(name, err)
 	}
 	_ = futimens(fd, hdr.ModTime)
@@ -897,7 +949,7 @@ func (x *extractor) directory(hdr *tar.Header, comps []string) error {
 		return x.fail(name, err)
 	}
 	key := strings.Join(comps, "/")
-	x.dirs[key] = dirMeta{mode: uint32(hdr.Mode) & 0o777, mtime: hdr.ModTime}
+	x.dirs[key] = dirMeta{mode: uint32(hdr.Mode) & 0o777 &^ x.opt.ClearMode, mtime: hdr.ModTime}
 	delete(x.regular, key)
 	x.files++
 	return nil
@@ -907,6 +959,10 @@ func (x *extractor) symlink(hdr *tar.Header, comps []string) error {
 	name := hdr.Name
 	if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 {
 		return bad(name, "is a symlink with an empty target or a target that contains NUL")
+	}
+	if x.opt.KeepSymlink != nil && !x.opt.KeepSymlink(name, hdr.Linkname) {
+		x.skipped++
+		return nil
 	}
 	dir, err := x.parent(name, comps)
 	if err != nil {
