@@ -60,7 +60,8 @@ type Options struct {
 	Warm int
 	// WorkspaceFrom is a host directory every new workspace starts with a
 	// copy of ("" for an empty workspace). It is read once, at start,
-	// capped at the workspace size, without following symlinks.
+	// capped at the workspace size, without following symlinks, refusing a
+	// file hard-linked from outside it.
 	WorkspaceFrom string
 	// Instance names this server in labels; "" picks a random one.
 	Instance string

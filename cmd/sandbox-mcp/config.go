@@ -102,7 +102,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
 	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sessions)")
-	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed)")
+	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed, a file hard-linked from outside it refused)")
 	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir in all; past it, the oldest of the caller holding the most go first (0: no limit)")
 	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept in all, those being written included; past it, the oldest of the caller holding the most go first (0: no limit)")
 	fs.IntVar(&cfg.Retention.PerCallerCount, "snapshot-max-count-per-caller", cfg.Retention.PerCallerCount, "snapshots one caller keeps; past it, that caller's oldest go first (0: a quarter of --snapshot-max-count over --http, all of it over stdio)")

@@ -8,6 +8,7 @@ import (
 	"archive/tar"
 	"errors"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -68,6 +69,33 @@ func checkLimits(op string, lim agentproto.Limits) error {
 // dst gets Write calls of at most agentproto.ChunkSize bytes; its errors are
 // returned unchanged.
 func (w *Workspace) Snapshot(dst io.Writer, lim agentproto.Limits) (agentproto.SnapshotResult, error) {
+	return w.SnapshotTree(dst, lim, SnapshotOptions{})
+}
+
+// SnapshotOptions adjust SnapshotTree for a tree that is not a sandbox's
+// own workspace, such as a directory on the host (--workspace-from). The
+// zero value archives as Snapshot does.
+type SnapshotOptions struct {
+	// OwnLinksOnly refuses a tree holding a regular file that has hard
+	// links outside it: such a file's content is another file's (a link to
+	// /etc/shadow made in the tree, say), which the walk would read without
+	// ever leaving the tree. Every name of a file with more than one link
+	// is noted as the walk reads it; once the walk is done, each of those
+	// names must still be that file, and the file must have no more links
+	// than names seen. Otherwise the snapshot fails with INVALID_ARGUMENT
+	// naming the file, and dst holds an archive the caller must discard.
+	// Since the link outside the tree stays while the walk runs, no
+	// renaming or relinking during the walk gets such a file through. The
+	// names kept are part of the archive, so the memory this takes is
+	// bounded by lim.MaxBytes.
+	OwnLinksOnly bool
+}
+
+// fileID names a file by device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// SnapshotTree is Snapshot with options (see SnapshotOptions).
+func (w *Workspace) SnapshotTree(dst io.Writer, lim agentproto.Limits, opt SnapshotOptions) (agentproto.SnapshotResult, error) {
 	const op = "snapshot"
 	var res agentproto.SnapshotResult
 	if err := checkLimits(op, lim); err != nil {
@@ -81,6 +109,9 @@ func (w *Workspace) Snapshot(dst io.Writer, lim agentproto.Limits) (agentproto.S
 
 	out := &snapWriter{dst: dst, buf: make([]byte, 0, agentproto.ChunkSize), max: lim.MaxBytes}
 	s := &snapshotter{tw: tar.NewWriter(out), out: out, lim: lim}
+	if opt.OwnLinksOnly {
+		s.links = map[fileID][]string{}
+	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	s.buf = *bp
@@ -91,6 +122,9 @@ func (w *Workspace) Snapshot(dst io.Writer, lim agentproto.Limits) (agentproto.S
 	}
 	err = s.dir(fd, "", 1)
 	closeFd(fd)
+	if err == nil && s.links != nil {
+		err = s.checkLinks(root)
+	}
 	if err == nil {
 		err = s.tw.Close()
 	}
@@ -111,6 +145,40 @@ type snapshotter struct {
 	lim            agentproto.Limits
 	buf            []byte
 	files, skipped int
+	// links holds the names of every file with more than one link, with
+	// SnapshotOptions.OwnLinksOnly (nil otherwise).
+	links map[fileID][]string
+}
+
+// checkLinks verifies, after the walk, that every file archived with more
+// than one link has all its links among the names archived (see
+// SnapshotOptions.OwnLinksOnly).
+func (s *snapshotter) checkLinks(root int) error {
+	ids := slices.Collect(maps.Keys(s.links))
+	slices.SortFunc(ids, func(a, b fileID) int { return strings.Compare(s.links[a][0], s.links[b][0]) })
+	for _, id := range ids {
+		names := s.links[id]
+		var nlink uint64
+		for _, name := range names {
+			fd, err := openBeneath(root, name, unix.O_PATH|unix.O_NOFOLLOW, resolveNoSymlinks)
+			var st unix.Stat_t
+			if err == nil {
+				st, err = fstat(fd)
+				closeFd(fd)
+			}
+			if err != nil || st.Dev != id.dev || st.Ino != id.ino {
+				return agentproto.Errorf(agentproto.CodeInvalidArgument,
+					"%s changed while it was read, and it is a hard link: what was read may be a file outside the directory; copy the directory when nothing changes it", quote(name))
+			}
+			nlink = uint64(st.Nlink)
+		}
+		if nlink > uint64(len(names)) {
+			return agentproto.Errorf(agentproto.CodeInvalidArgument,
+				"%s is a hard link to a file with %d links, only %d of them in the directory: its content belongs to a file outside it, which is not copied; remove that name, or copy the directory with `cp -R` (which makes separate files; `git clone --no-hardlinks` for a local clone)",
+				quote(names[0]), nlink, len(names))
+		}
+	}
+	return nil
 }
 
 // errStreamCap is returned by snapWriter when a write would pass the byte
@@ -281,6 +349,10 @@ func (s *snapshotter) file(parent int, name, path string, depth int) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		s.skipped++
 		return nil
+	}
+	if s.links != nil && st.Nlink > 1 {
+		id := fileID{dev: uint64(st.Dev), ino: st.Ino}
+		s.links[id] = append(s.links[id], path)
 	}
 	size := st.Size
 	// The header (a PAX one may add more; snapWriter catches that), the

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
@@ -105,5 +106,37 @@ func TestExtractOptions(t *testing.T) {
 	}
 	if target, _ := os.Readlink(filepath.Join(dir, "out")); target != "/etc/passwd" {
 		t.Errorf("Restore's symlink: %q", target)
+	}
+}
+
+// TestSnapshotOwnLinksOnly: with OwnLinksOnly a file hard-linked from
+// outside the tree fails the snapshot, naming it, while links within the
+// tree pass; a sandbox's Snapshot (no options) archives both.
+func TestSnapshotOwnLinksOnly(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "tree")
+	os.MkdirAll(filepath.Join(dir, "d"), 0o755)
+	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
+	os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "d", "b"))
+	w, err := OpenWorkspace(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	snap := func(opt SnapshotOptions) (agentproto.SnapshotResult, error) {
+		return w.SnapshotTree(new(bytes.Buffer), agentproto.Limits{MaxBytes: 1 << 20}, opt)
+	}
+	if res, err := snap(SnapshotOptions{OwnLinksOnly: true}); err != nil || res.Files != 3 {
+		t.Fatalf("links within the tree: %+v %v", res, err)
+	}
+	os.WriteFile(filepath.Join(root, "secret"), []byte("s"), 0o600)
+	os.Link(filepath.Join(root, "secret"), filepath.Join(dir, "d", "c"))
+	os.Link(filepath.Join(root, "secret"), filepath.Join(dir, "e")) // two names inside, one outside
+	_, err = snap(SnapshotOptions{OwnLinksOnly: true})
+	if codeOf(err) != agentproto.CodeInvalidArgument || !strings.Contains(err.Error(), `"d/c" is a hard link to a file with 3 links, only 2 of them in the directory`) {
+		t.Fatalf("a link from outside: %v", err)
+	}
+	if _, err := snap(SnapshotOptions{}); err != nil {
+		t.Fatalf("without OwnLinksOnly: %v", err)
 	}
 }
