@@ -108,9 +108,11 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
 	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sessions)")
-	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed)")
-	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir; the oldest go first (0: no limit)")
-	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept; the oldest go first (0: no limit)")
+	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed, a file hard-linked from outside it refused)")
+	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir in all; past it, the oldest of the caller holding the most go first (0: no limit)")
+	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept in all, those being written included; past it, the oldest of the caller holding the most go first (0: no limit)")
+	fs.IntVar(&cfg.Retention.PerCallerCount, "snapshot-max-count-per-caller", cfg.Retention.PerCallerCount, "snapshots one caller keeps; past it, that caller's oldest go first (0: a quarter of --snapshot-max-count over --http, all of it over stdio)")
+	fs.Var(&bytesValue{&cfg.Retention.PerCallerBytes}, "snapshot-max-bytes-per-caller", "total `bytes` of one caller's snapshots; past it, that caller's oldest go first (0: a quarter of --snapshot-max-bytes over --http, all of it over stdio)")
 	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
@@ -327,8 +329,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--workspace-from %s is not a directory", c.WorkspaceFrom))
 		}
 	}
-	if c.Retention.MaxCount < 0 || c.Retention.MaxBytes < 0 || c.Retention.MaxAge < 0 {
-		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes and --snapshot-max-age must not be negative"))
+	if r := c.Retention; r.MaxCount < 0 || r.MaxBytes < 0 || r.MaxAge < 0 || r.PerCallerCount < 0 || r.PerCallerBytes < 0 {
+		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes, --snapshot-max-age and their -per-caller forms must not be negative"))
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))
@@ -520,4 +522,24 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is too large", s)
 	}
 	return n << shift, nil
+}
+
+// SnapshotRetention is the retention the server applies: a per-caller cap
+// left at 0 is a quarter of the total over --http, where callers share the
+// state directory, and the total itself over stdio, which has one caller.
+func (c Config) SnapshotRetention() session.Retention {
+	r := c.Retention
+	share := func(total int64) int64 {
+		if c.HTTP.Addr == "" || total == 0 {
+			return total
+		}
+		return max(total/4, 1)
+	}
+	if r.PerCallerCount == 0 {
+		r.PerCallerCount = int(share(int64(r.MaxCount)))
+	}
+	if r.PerCallerBytes == 0 {
+		r.PerCallerBytes = share(r.MaxBytes)
+	}
+	return r
 }

@@ -172,7 +172,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 		MaxSandboxes:  cfg.HTTP.MaxSessions,
 		Warm:          cfg.Warm,
 		WorkspaceFrom: cfg.WorkspaceFrom,
-		Retention:     cfg.Retention,
+		Retention:     cfg.SnapshotRetention(),
 		Logger:        log,
 	}
 	// The profile's JSON, read and checked with the configuration.
