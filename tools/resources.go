@@ -29,6 +29,10 @@ type PolicyView struct {
 	MaxExecTimeoutMS int64    `json:"max_exec_timeout_ms"`
 	Image            string   `json:"image,omitempty"`
 	EnvNames         []string `json:"env,omitempty"`
+	// The HTTP transport's caps; absent over stdio.
+	MaxSessions          int `json:"max_sessions,omitempty"`
+	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
+	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
 }
 
 // ViewOf returns the resource view of p.

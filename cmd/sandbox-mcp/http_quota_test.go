@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // rawPost sends one JSON-RPC POST to /mcp, safe to call from any goroutine
@@ -130,5 +132,135 @@ func TestHTTPMaxSessionsHoldsWhateverTheBody(t *testing.T) {
 	}
 	if live := s.liveSessions(nil, again); len(live) != max {
 		t.Fatalf("%d of %d new sessions live", len(live), max)
+	}
+}
+
+// TestHTTPSessionsPerCaller: one caller cannot take every place; past its
+// own cap it gets 429 with Retry-After and a sentence naming the limit,
+// however many times it asks at once, and another caller still gets a
+// session.
+func TestHTTPSessionsPerCaller(t *testing.T) {
+	// Two callers and --max-sessions 8: each may hold a quarter, 2.
+	s := startHTTP(t, httpOpts{args: []string{"--token", tokenA + "," + tokenB, "--max-sessions", "8"}})
+	a := bearerHeader(tokenA)
+	s.connect(tokenA)
+	s.initialize(a)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var got []reply
+	for range 20 {
+		wg.Go(func() {
+			r, err := s.rawPost(a, initializeBody)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			got = append(got, r)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, r := range got {
+		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || r.header.Get("Mcp-Session-Id") != "" {
+			t.Fatalf("caller A past its cap: %d Retry-After=%q id=%q %s", r.status, r.header.Get("Retry-After"), r.header.Get("Mcp-Session-Id"), r.body)
+		}
+		if !strings.Contains(r.body, "BUSY") || !strings.Contains(r.body, "--max-sessions-per-caller") || !strings.Contains(r.body, "DELETE") {
+			t.Fatalf("the 429 does not say which limit or what to do: %s", r.body)
+		}
+	}
+	if _, err := s.tryConnect(tokenA); err == nil {
+		t.Fatal("the go-sdk client of caller A got a session past its cap")
+	}
+
+	// Caller B is not held back by A.
+	b := s.connect(tokenB)
+	b.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+	s.initialize(bearerHeader(tokenB))
+	if r := s.do(http.MethodPost, "", bearerHeader(tokenB), initializeBody); r.status != http.StatusTooManyRequests {
+		t.Fatalf("caller B past its cap: %d %s", r.status, r.body)
+	}
+
+	// sandbox://policy shows the caps.
+	res, err := b.cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "sandbox://policy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"max_sessions": 8`, `"max_sessions_per_caller": 2`, `"max_calls_per_caller": 4`} {
+		if !strings.Contains(res.Contents[0].Text, want) {
+			t.Errorf("sandbox://policy lacks %s:\n%s", want, res.Contents[0].Text)
+		}
+	}
+}
+
+// TestHTTPCallsPerCaller: past --max-calls-per-caller a caller's tool call
+// gets BUSY at once, and its resource read a JSON-RPC error, while another
+// caller's calls run; when a call ends, room comes back.
+func TestHTTPCallsPerCaller(t *testing.T) {
+	s := startHTTP(t, httpOpts{args: []string{"--token", tokenA + "," + tokenB, "--max-calls-per-caller", "2"}})
+	a := s.connect(tokenA)
+	a.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+	b := s.connect(tokenB)
+	b.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+
+	// Two calls of A that run until cancelled.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			_, err := a.cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "600"}}})
+			if ctx.Err() == nil {
+				t.Errorf("a long call of A ended by itself: %v", err)
+			}
+		})
+	}
+	defer wg.Wait()
+	defer cancel()
+
+	// A third call of A is refused at once (tried until both long calls
+	// are in flight).
+	deadline := time.Now().Add(time.Minute)
+	for {
+		res := a.call("sandbox_list", map[string]any{})
+		if res.IsError {
+			msg := text(res)
+			if !strings.HasPrefix(msg, "BUSY: ") || !strings.Contains(msg, "--max-calls-per-caller") {
+				t.Fatalf("A's third call: %s", msg)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("A's third call was never refused")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Another session of A shares A's calls.
+	if res := s.connect(tokenA).call("sandbox_list", map[string]any{}); !res.IsError || !strings.HasPrefix(text(res), "BUSY: ") {
+		t.Fatalf("a call in A's other session: %v", text(res))
+	}
+	if _, err := a.cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "sandbox://policy"}); err == nil ||
+		!strings.Contains(err.Error(), "BUSY") || !strings.Contains(err.Error(), "--max-calls-per-caller") {
+		t.Fatalf("A's resource read past the cap: %v", err)
+	}
+	// B's calls run beside A's.
+	b.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+	if _, err := b.cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "sandbox://policy"}); err != nil {
+		t.Fatalf("B's resource read: %v", err)
+	}
+
+	// A's long calls end: A has room again.
+	cancel()
+	wg.Wait()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		res := a.call("sandbox_list", map[string]any{})
+		if !res.IsError {
+			break
+		}
+		if !strings.HasPrefix(text(res), "BUSY: ") || time.Now().After(deadline) {
+			t.Fatalf("A's call after its long calls ended: %s", text(res))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
