@@ -222,7 +222,7 @@ func newGuard(cfg Config, addr *net.TCPAddr, server *mcp.Server, sessions *tools
 		quota:    newSessionQuota(server, cfg.HTTP.MaxSessions, cfg.HTTP.SessionsPerCaller()),
 		log:      log,
 	}
-	server.AddReceivingMiddleware(g.quota.noteOwner, newCallQuota(cfg.HTTP.CallsPerCaller()).limit)
+	server.AddReceivingMiddleware(g.quota.noteOwner, newCallQuota(cfg.HTTP.CallsPerCaller(), log).limit)
 	names := append([]string{addr.IP.String()}, cfg.HTTP.AllowHosts...)
 	if host, _, err := net.SplitHostPort(cfg.HTTP.Addr); err == nil && host != "" {
 		names = append(names, host)

@@ -53,11 +53,20 @@ func (h HTTPConfig) SessionsPerCaller() int {
 	switch {
 	case h.MaxSessionsPerCaller > 0:
 		return h.MaxSessionsPerCaller
-	case len(slices.Compact(slices.Sorted(slices.Values(h.Tokens)))) < 2:
+	case h.callers() < 2:
 		return h.MaxSessions
 	default:
 		return max(1, h.MaxSessions/4)
 	}
+}
+
+// callers counts the distinct tokens: the callers the server tells apart.
+func (h HTTPConfig) callers() int {
+	seen := make(map[string]bool, len(h.Tokens))
+	for _, t := range h.Tokens {
+		seen[t] = true
+	}
+	return len(seen)
 }
 
 // CallsPerCaller returns the effective --max-calls-per-caller: as set, or

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 
@@ -120,13 +121,14 @@ func (q *sessionQuota) noteOwner(next mcp.MethodHandler) mcp.MethodHandler {
 // resource read a JSON-RPC error, at once.
 type callQuota struct {
 	max int
+	log *slog.Logger
 
 	mu       sync.Mutex
 	inFlight map[string]int // caller → calls in flight
 }
 
-func newCallQuota(max int) *callQuota {
-	return &callQuota{max: max, inFlight: make(map[string]int)}
+func newCallQuota(max int, log *slog.Logger) *callQuota {
+	return &callQuota{max: max, log: log, inFlight: make(map[string]int)}
 }
 
 // limit is server middleware that enforces the cap.
@@ -137,6 +139,7 @@ func (q *callQuota) limit(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		caller := ownerOf(req.GetExtra())
 		if !q.take(caller) {
+			q.log.Info("call refused", "caller", caller, "method", method, "reason", "--max-calls-per-caller", "max", q.max)
 			msg := fmt.Sprintf("%s: you already have %d calls in flight, the most one caller may run at once (--max-calls-per-caller); wait for one to finish, then retry",
 				policy.Busy, q.max)
 			if method == "tools/call" {
