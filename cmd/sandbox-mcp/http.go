@@ -222,7 +222,7 @@ func newGuard(cfg Config, addr *net.TCPAddr, server *mcp.Server, sessions *tools
 		quota:    newSessionQuota(server, cfg.HTTP.MaxSessions, cfg.HTTP.SessionsPerCaller()),
 		log:      log,
 	}
-	server.AddReceivingMiddleware(g.quota.noteOwner, newCallQuota(cfg.HTTP.CallsPerCaller(), log).limit)
+	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(cfg.HTTP.CallsPerCaller(), log).limit)
 	names := append([]string{addr.IP.String()}, cfg.HTTP.AllowHosts...)
 	if host, _, err := net.SplitHostPort(cfg.HTTP.Addr); err == nil && host != "" {
 		names = append(names, host)
@@ -352,7 +352,7 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPost && id == "":
 		// The one request from which the SDK makes a session (it looks
 		// the header up the same way), whatever its body holds.
-		done, refused := g.quota.admit(caller)
+		admitted, done, refused := g.quota.admit(r, caller)
 		if refused != nil {
 			w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter.Seconds())))
 			idle := "sessions idle for " + g.idle.String() + " end by themselves"
@@ -364,6 +364,7 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer done()
+		r = admitted
 	}
 	g.mcp.ServeHTTP(w, r)
 }

@@ -20,37 +20,37 @@ import (
 // --max-sessions and --max-sessions-per-caller.
 //
 // It counts sessions where the SDK makes them, not by reading request
-// bodies: the SDK's own list of live sessions (mcp.Server.Sessions), which
-// every session enters when Server.Connect makes it and leaves when it is
-// closed, plus the admitted requests still in the SDK, any of which may be
-// making one. A body the SDK reads differently from a guard (keys in
-// another case, duplicate keys, batches) cannot open a session past the
-// caps, since no body is read here. The SDK makes a session only for a POST
-// without an Mcp-Session-Id header, so each such request is admitted first.
-//
-// A session's caller is the one its first message came from (the SDK
-// refuses requests of another caller on a session), noted by noteOwner.
+// bodies. The SDK makes a session only from a POST without an
+// Mcp-Session-Id header, so every such request takes an admission before
+// the SDK sees it, whatever its body holds. The SDK runs the session made
+// from a request with that request's context, so the admission rides along
+// and noteSession ties it to the session at its first message. An admission
+// is held while its request is served, and after that for as long as its
+// session is in the SDK's own list of live sessions (mcp.Server.Sessions),
+// which a session leaves when it is closed. The count is the larger of the
+// admissions held and that list, so a session that somehow escaped its
+// admission would still count.
 type sessionQuota struct {
 	server    *mcp.Server
 	max       int // --max-sessions
 	perCaller int // --max-sessions-per-caller
 
-	mu sync.Mutex
-	// opening counts, per caller, the admitted requests still in the SDK;
-	// their sessions may or may not be in the server's list yet, so a
-	// session being made counts twice until its request returns.
-	opening      map[string]int
-	openingTotal int
-	// owners names the caller of each session that has handled a message.
-	// Entries of closed sessions are dropped at the next admission.
-	owners map[*mcp.ServerSession]string
+	mu   sync.Mutex
+	held map[*admission]bool // at most max
 }
 
+// admission is the place a request that may open a session takes.
+type admission struct {
+	caller  string
+	served  bool               // its request has returned
+	session *mcp.ServerSession // the session it made, once that handled a message
+}
+
+// admissionKey is the context key of a request's admission.
+type admissionKey struct{}
+
 func newSessionQuota(server *mcp.Server, max, perCaller int) *sessionQuota {
-	return &sessionQuota{
-		server: server, max: max, perCaller: perCaller,
-		opening: make(map[string]int), owners: make(map[*mcp.ServerSession]string),
-	}
+	return &sessionQuota{server: server, max: max, perCaller: perCaller, held: make(map[*admission]bool)}
 }
 
 // quotaRefusal is why a request was refused: the HTTP status and what the
@@ -60,54 +60,55 @@ type quotaRefusal struct {
 	msg    string
 }
 
-// admit lets a request that may open a session for caller into the SDK,
-// or says why not. done must be called once the SDK has served it.
-func (q *sessionQuota) admit(caller string) (done func(), refused *quotaRefusal) {
+// admit lets a request of caller that may open a session into the SDK: it
+// returns the request to serve, carrying its admission, and done, to call
+// once the SDK has served it. Or it says why not.
+func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, done func(), refused *quotaRefusal) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	total, mine := q.openingTotal, q.opening[caller]
 	live := make(map[*mcp.ServerSession]bool)
 	for ss := range q.server.Sessions() {
 		live[ss] = true
-		total++
-		if o, ok := q.owners[ss]; ok && o == caller {
+	}
+	mine := 0
+	for a := range q.held {
+		if a.served && (a.session == nil || !live[a.session]) {
+			delete(q.held, a)
+		} else if a.caller == caller {
 			mine++
 		}
 	}
-	for ss := range q.owners {
-		if !live[ss] {
-			delete(q.owners, ss)
-		}
-	}
 	switch {
-	case total >= q.max:
-		return nil, &quotaRefusal{http.StatusServiceUnavailable, fmt.Sprintf(
+	case max(len(q.held), len(live)) >= q.max:
+		return nil, nil, &quotaRefusal{http.StatusServiceUnavailable, fmt.Sprintf(
 			"this server already serves %d sessions, its limit (--max-sessions)", q.max)}
 	case mine >= q.perCaller:
-		return nil, &quotaRefusal{http.StatusTooManyRequests, fmt.Sprintf(
+		return nil, nil, &quotaRefusal{http.StatusTooManyRequests, fmt.Sprintf(
 			"you already have %d sessions open, the most one caller may hold (--max-sessions-per-caller)", q.perCaller)}
 	}
-	q.opening[caller]++
-	q.openingTotal++
-	return func() {
+	a := &admission{caller: caller}
+	q.held[a] = true
+	return r.WithContext(context.WithValue(r.Context(), admissionKey{}, a)), func() {
 		q.mu.Lock()
 		defer q.mu.Unlock()
-		if q.opening[caller]--; q.opening[caller] == 0 {
-			delete(q.opening, caller)
+		a.served = true
+		if a.session == nil {
+			delete(q.held, a)
 		}
-		q.openingTotal--
 	}, nil
 }
 
-// noteOwner is server middleware that notes the caller of each session
-// the first time it handles a message.
-func (q *sessionQuota) noteOwner(next mcp.MethodHandler) mcp.MethodHandler {
+// noteSession is server middleware that ties an admission to the session
+// made from its request, at the session's first message.
+func (q *sessionQuota) noteSession(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil {
-			caller := ownerOf(req.GetExtra())
+		a, ok := ctx.Value(admissionKey{}).(*admission)
+		ss, isServer := req.GetSession().(*mcp.ServerSession)
+		if ok && isServer && ss != nil {
 			q.mu.Lock()
-			if _, seen := q.owners[ss]; !seen {
-				q.owners[ss] = caller
+			if a.session == nil {
+				a.session = ss
+				q.held[a] = true // held again should its request be over
 			}
 			q.mu.Unlock()
 		}

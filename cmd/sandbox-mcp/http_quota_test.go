@@ -123,15 +123,55 @@ func TestHTTPMaxSessionsHoldsWhateverTheBody(t *testing.T) {
 			t.Fatalf("DELETE %s: %d %s", id, r.status, r.body)
 		}
 	}
-	var again []string
-	for range max {
-		again = append(again, s.initialize(nil))
+	if again := s.burst(nil, max); len(again) != max {
+		t.Fatalf("%d of %d sessions opened at once after the room came back", len(again), max)
 	}
 	if r := s.do(http.MethodPost, "", nil, initializeBody); r.status != http.StatusServiceUnavailable {
 		t.Fatalf("a session past the cap after the room came back: %d %s", r.status, r.body)
 	}
-	if live := s.liveSessions(nil, again); len(live) != max {
-		t.Fatalf("%d of %d new sessions live", len(live), max)
+}
+
+// burst sends n plain initializes at once and returns the session ids that
+// came back.
+func (s *httpServer) burst(hdr http.Header, n int) []string {
+	s.t.Helper()
+	var mu sync.Mutex
+	var ids []string
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			r, err := s.rawPost(hdr, initializeBody)
+			if err != nil {
+				s.t.Error(err)
+				return
+			}
+			if id := r.header.Get("Mcp-Session-Id"); r.status == http.StatusOK && id != "" {
+				mu.Lock()
+				ids = append(ids, id)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return s.liveSessions(hdr, ids)
+}
+
+// TestHTTPMaxSessionsAdmitsAFullBurst: as many clients as --max-sessions
+// connecting at the same moment all get a session; one more does not.
+func TestHTTPMaxSessionsAdmitsAFullBurst(t *testing.T) {
+	const max = 12
+	s := startHTTP(t, httpOpts{args: []string{"--max-sessions", fmt.Sprint(max)}})
+	for round := range 3 {
+		ids := s.burst(nil, max)
+		if len(ids) != max {
+			t.Fatalf("round %d: %d of %d sessions opened at once", round, len(ids), max)
+		}
+		if r := s.do(http.MethodPost, "", nil, initializeBody); r.status != http.StatusServiceUnavailable {
+			t.Fatalf("round %d: a session past the cap: %d %s", round, r.status, r.body)
+		}
+		for _, id := range ids {
+			s.do(http.MethodDelete, "", with(nil, "Mcp-Session-Id", id), "")
+		}
 	}
 }
 
@@ -204,14 +244,22 @@ func TestHTTPCallsPerCaller(t *testing.T) {
 	b := s.connect(tokenB)
 	b.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
 
-	// Two calls of A that run until cancelled.
+	// Two calls of A that run until cancelled (tried again while the
+	// test's own calls below take their place).
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
-			_, err := a.cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "600"}}})
-			if ctx.Err() == nil {
-				t.Errorf("a long call of A ended by itself: %v", err)
+			for {
+				res, err := a.cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "600"}}})
+				if ctx.Err() != nil {
+					return
+				}
+				if err != nil || !res.IsError || !strings.HasPrefix(text(res), "BUSY: ") {
+					t.Errorf("a long call of A ended by itself: %v %v", err, res)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
 		})
 	}
@@ -219,7 +267,7 @@ func TestHTTPCallsPerCaller(t *testing.T) {
 	defer cancel()
 
 	// A third call of A is refused at once (tried until both long calls
-	// are in flight).
+	// are in flight: then the refused call can only be this one).
 	deadline := time.Now().Add(time.Minute)
 	for {
 		res := a.call("sandbox_list", map[string]any{})
