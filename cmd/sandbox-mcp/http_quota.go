@@ -36,7 +36,7 @@ type sessionQuota struct {
 	perCaller int // --max-sessions-per-caller
 
 	mu   sync.Mutex
-	held map[*admission]bool // at most max
+	held map[*admission]bool // in force; pruned at each admission
 }
 
 // admission is the place a request that may open a session takes.
