@@ -197,9 +197,15 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 		Logger:                    log,
 		SupportedProtocolVersions: protocolVersions,
 	})
+	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	if cfg.HTTP.Addr != "" {
+		view.MaxSessions = cfg.HTTP.MaxSessions
+		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
+		view.MaxCallsPerCaller = cfg.HTTP.CallsPerCaller()
+	}
 	deps := &tools.Deps{
 		Policy:     cfg.Policy,
-		PolicyView: tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env),
+		PolicyView: view,
 		Sessions:   sessions,
 		Logger:     log,
 	}
