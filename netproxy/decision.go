@@ -19,11 +19,14 @@ const ErrorHeader = "X-Sandbox-Proxy-Error"
 // maxLoggedHost bounds the requested host kept in a Decision and in logs.
 const maxLoggedHost = 256
 
-// Decision records how the proxy answered one request. Exactly one Decision
-// is logged (and passed to Config.OnDecision) for every request the proxy
-// answers, allowed or not.
+// Decision records how the proxy answered a request. One is logged (and
+// passed to Config.OnDecision) for every allowed request. Refusals are
+// aggregated per sandbox (see Config.RefusalInterval): the first of each
+// kind in an interval is recorded as it happens, and a summary with the
+// count of its repeats when the interval ends.
 type Decision struct {
 	Sandbox    string       // the id given to Serve
+	Client     netip.Addr   // the address the request came from (unmapped, no zone); zero in an aggregate of several kinds
 	Host       string       // the host as requested (for a malformed request, the raw target), at most 256 bytes
 	Normalized string       // the normalised host name; "" if the target was not a valid name
 	Port       int          // the requested port; 0 if it could not be parsed
@@ -35,8 +38,16 @@ type Decision struct {
 	Status     int          // the HTTP status sent: 200, 400, 403, 405, 408, 429, 431, 502, 503 or 504
 	// Duration runs from the end of the request header to the response: the
 	// time the proxy spent deciding, resolving and connecting. It is zero
-	// for requests refused while their header was read.
+	// for requests refused while their header was read, and in summaries.
 	Duration time.Duration
+	// Count is how many requests the record stands for: 1 for a request
+	// recorded as it was answered; in a summary, the refusals of this kind
+	// after the first one in the interval.
+	Count int
+	// Summary marks the record that sums up an interval's repeated
+	// refusals of one kind (its fields are those of the first) or, with an
+	// empty Host, the refusals of kinds past Config.MaxRefusalKinds.
+	Summary bool
 }
 
 // Close records one tunnel's end. Exactly one Close is logged (and passed to
@@ -84,6 +95,7 @@ func (p *Proxy) logDecision(d *Decision) {
 		}
 		p.log.LogAttrs(context.Background(), level, "proxy decision",
 			slog.String("sandbox", d.Sandbox),
+			slog.String("client", addrString(d.Client)),
 			slog.String("host", d.Host),
 			slog.String("normalized", d.Normalized),
 			slog.Int("port", d.Port),
@@ -94,10 +106,28 @@ func (p *Proxy) logDecision(d *Decision) {
 			slog.String("rule", d.Rule),
 			slog.Int("status", d.Status),
 			slog.Duration("duration", d.Duration),
+			slog.Int("count", d.Count),
+			slog.Bool("summary", d.Summary),
 		)
 	}
 	if p.cfg.OnDecision != nil {
 		p.cfg.OnDecision(*d)
+	}
+}
+
+// recordRefusal logs a refusal if it is the first of its kind in the
+// sandbox's current interval, and otherwise only counts it.
+func (p *Proxy) recordRefusal(sb *sandboxState, d *Decision) {
+	if sb.refusals.note(d, p.cfg.MaxRefusalKinds, p.cfg.RefusalInterval, func() { p.flushRefusals(sb) }) {
+		d.Count = 1
+		p.logDecision(d)
+	}
+}
+
+// flushRefusals ends a sandbox's refusal interval and logs its summaries.
+func (p *Proxy) flushRefusals(sb *sandboxState) {
+	for _, d := range sb.refusals.take(sb.id, p.cfg.MaxRefusalKinds) {
+		p.logDecision(&d)
 	}
 }
 

@@ -43,11 +43,21 @@
 //     Config.MaxLifetime has passed, or Serve's context ends.
 //
 // Every refusal is an HTTP error whose text/plain body and [ErrorHeader]
-// header carry the same sentence, which says what to do next. Every request
-// answered produces exactly one [Decision] (logged as "proxy decision" and
+// header carry the same sentence, which says what to do next. Every allowed
+// request produces exactly one [Decision] (logged as "proxy decision" and
 // passed to Config.OnDecision) and every tunnel exactly one [Close] ("proxy
-// tunnel closed", Config.OnClose). Request headers, Proxy-Authorization
+// tunnel closed", Config.OnClose). Refusals are aggregated per sandbox, so
+// that a sandbox cannot grow the logs without bound: in each
+// Config.RefusalInterval the first refusal of each kind (host, port, status
+// and reason) is a Decision of its own, its repeats are counted into one
+// summary Decision when the interval ends, and past Config.MaxRefusalKinds
+// kinds the rest are counted into one more. The allowed requests are bounded
+// by the sandbox's request rate. Request headers, Proxy-Authorization
 // included, are never logged.
+//
+// A listener can be reserved for its sandbox's address (Serve's clients):
+// connections from any other address are refused before their request is
+// read.
 //
 // # Limits of the model
 //

@@ -49,16 +49,29 @@ func (l *limitReader) Read(b []byte) (int, error) {
 
 // handle serves one client connection: one request, one decision, and a
 // tunnel if the request is allowed. The connection is always closed on return.
-func (p *Proxy) handle(ctx context.Context, c net.Conn, sb *sandboxState) {
+func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer func() {
 		stop()
 		c.Close()
 	}()
+	sb := s.sb
 	d := Decision{Sandbox: sb.id}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		d.Client = ta.AddrPort().Addr().Unmap().WithZone("")
+	}
+
+	if !s.admits(d.Client) {
+		if s.strangers.Add(1) <= int64(p.cfg.MaxConns) {
+			p.refuse(c, &d, sb, &refusal{http.StatusForbidden, fmt.Sprintf(
+				"this proxy serves one sandbox, and %s is not its address", addrString(d.Client))})
+		}
+		s.strangers.Add(-1)
+		return
+	}
 
 	if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
-		p.refuse(c, &d, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
+		p.refuse(c, &d, sb, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
 			"this sandbox already has %d open connections to the proxy, the limit; close some and retry", p.cfg.MaxConns),
 		}, "Retry-After", "1")
 		return
@@ -74,7 +87,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, sb *sandboxState) {
 		if req != nil {
 			d.Host = truncate(req.target, maxLoggedHost)
 		}
-		p.refuse(c, &d, ref)
+		p.refuse(c, &d, sb, ref)
 		return
 	}
 	// Bytes the client sent after the header (e.g. an eager TLS ClientHello)
@@ -84,10 +97,10 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, sb *sandboxState) {
 	up, ref, extra := p.decide(ctx, req, &d, sb)
 	d.Duration = time.Since(start)
 	if ref != nil {
-		p.refuse(c, &d, ref, extra...)
+		p.refuse(c, &d, sb, ref, extra...)
 		return
 	}
-	d.Allow, d.Status = true, http.StatusOK
+	d.Allow, d.Status, d.Count = true, http.StatusOK, 1
 	d.Reason = "allowed by " + d.Rule
 	p.logDecision(&d)
 
@@ -346,10 +359,11 @@ func innermost(err error) string {
 	}
 }
 
-// refuse logs the decision and sends the refusal, then closes gracefully.
-func (p *Proxy) refuse(c net.Conn, d *Decision, ref *refusal, extra ...string) {
+// refuse records the decision (aggregated with the sandbox's other
+// refusals) and sends the refusal, then closes gracefully.
+func (p *Proxy) refuse(c net.Conn, d *Decision, sb *sandboxState, ref *refusal, extra ...string) {
 	d.Status, d.Reason = ref.status, ref.reason
-	p.logDecision(d)
+	p.recordRefusal(sb, d)
 	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
 	if writeRefusal(c, ref.status, ref.reason, extra...) != nil {
 		return

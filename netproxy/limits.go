@@ -18,6 +18,8 @@ type sandboxState struct {
 	mu      sync.Mutex
 	tunnels int
 	conns   int
+
+	refusals refusals
 }
 
 func newSandboxState(id string, r rate.Limit, burst int) *sandboxState {

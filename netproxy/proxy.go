@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -70,16 +72,35 @@ type Config struct {
 	// CloseWrite method, as *net.TCPConn does.
 	Dialer Dialer
 
-	// Logger receives one "proxy decision" record per request and one
-	// "proxy tunnel closed" record per tunnel. nil discards them.
+	// Logger receives the "proxy decision" records (one per allowed
+	// request; refusals aggregated, see RefusalInterval) and one "proxy
+	// tunnel closed" record per tunnel. nil discards them.
 	Logger *slog.Logger
 
-	// OnDecision, if set, is called with every Decision, once per request,
-	// after it is logged. OnClose, if set, is called with every Close, once
-	// per tunnel. Both are called from connection goroutines, concurrently;
-	// they must be quick and safe for concurrent use.
+	// OnDecision, if set, is called with every Decision record, after it
+	// is logged: once per allowed request, and for refusals as they are
+	// aggregated (see RefusalInterval). OnClose, if set, is called with
+	// every Close, once per tunnel. Both are called from connection and
+	// timer goroutines, concurrently; they must be quick and safe for
+	// concurrent use.
 	OnDecision func(Decision)
 	OnClose    func(Close)
+
+	// RefusalInterval bounds the records a sandbox's refusals make, so
+	// that nothing a sandbox sends grows the logs without bound. Within an
+	// interval (which starts at a sandbox's first refusal after the last
+	// interval ended) the first refusal of each kind (the same host, port,
+	// status and reason) is recorded as it happens, with Count 1; its
+	// repeats are counted, and recorded as one summary Decision (Summary
+	// set, Count the repeats) when the interval ends or the sandbox's last
+	// Serve returns. Zero means DefaultRefusalInterval (1m).
+	RefusalInterval time.Duration
+	// MaxRefusalKinds caps the kinds of refusal recorded per sandbox per
+	// interval; refusals of further kinds are counted into one summary
+	// whose Host is empty. A sandbox's refusals thus make at most
+	// 2*MaxRefusalKinds+1 records per interval. Zero means
+	// DefaultMaxRefusalKinds (16).
+	MaxRefusalKinds int
 
 	// DenyAddrs are further addresses that tunnels may never reach, such as
 	// the MCP HTTP listener. Port 0 denies every port of the address; an
@@ -134,6 +155,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		{"ConnectTimeout", &cfg.ConnectTimeout, DefaultConnectTimeout},
 		{"IdleTimeout", &cfg.IdleTimeout, DefaultIdleTimeout},
 		{"MaxLifetime", &cfg.MaxLifetime, DefaultMaxLifetime},
+		{"RefusalInterval", &cfg.RefusalInterval, DefaultRefusalInterval},
 	}
 	for _, d := range durations {
 		if *d.v < 0 {
@@ -152,6 +174,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		{"MaxConns", &cfg.MaxConns, DefaultMaxConns},
 		{"Burst", &cfg.Burst, DefaultBurst},
 		{"MaxHeaderBytes", &cfg.MaxHeaderBytes, DefaultMaxHeaderBytes},
+		{"MaxRefusalKinds", &cfg.MaxRefusalKinds, DefaultMaxRefusalKinds},
 	}
 	for _, d := range ints {
 		if *d.v < 0 {
@@ -219,12 +242,27 @@ func New(cfg Config) (*Proxy, error) {
 // tunnel). sandbox names the sandbox in logs and keys its limits: concurrent
 // Serve calls with the same id share one set of limits.
 //
+// clients, if any, are the only addresses connections are served from: the
+// sandbox's own. A connection from any other address (another container
+// that can reach l, a process of this host) is refused with 403 before its
+// request is read; at most MaxConns such connections are answered at once,
+// and more are closed unanswered. They take none of the sandbox's slots.
+// With no clients, any address is served.
+//
 // Serve closes l when ctx ends. Before it returns it closes every connection
 // it accepted, active tunnels included, and waits for their goroutines. It
 // returns nil when ctx ends or l is closed, or the accept error otherwise.
-func (p *Proxy) Serve(ctx context.Context, l net.Listener, sandbox string) error {
+func (p *Proxy) Serve(ctx context.Context, l net.Listener, sandbox string, clients ...netip.Addr) error {
 	sb := p.register(sandbox, l.Addr())
-	defer p.unregister(sandbox, l.Addr())
+	defer func() {
+		if p.unregister(sandbox, l.Addr()) {
+			p.flushRefusals(sb) // the sandbox's last Serve: no interval left open
+		}
+	}()
+	s := &served{sb: sb}
+	for _, a := range clients {
+		s.clients = append(s.clients, a.Unmap().WithZone(""))
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -254,7 +292,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener, sandbox string) error
 			return fmt.Errorf("netproxy: accept: %w", err)
 		}
 		backoff = 0
-		wg.Go(func() { p.handle(ctx, c, sb) })
+		wg.Go(func() { p.handle(ctx, c, s) })
 	}
 }
 
@@ -282,7 +320,9 @@ func (p *Proxy) register(id string, la net.Addr) *sandboxState {
 	return sb
 }
 
-func (p *Proxy) unregister(id string, la net.Addr) {
+// unregister undoes register. It reports whether that was the sandbox's
+// last Serve.
+func (p *Proxy) unregister(id string, la net.Addr) (last bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ap, ok := listenerAddr(la); ok {
@@ -293,6 +333,21 @@ func (p *Proxy) unregister(id string, la net.Addr) {
 	if sb := p.sandboxes[id]; sb != nil {
 		if sb.refs--; sb.refs <= 0 {
 			delete(p.sandboxes, id)
+			return true
 		}
 	}
+	return false
+}
+
+// served is one Serve call: its sandbox, the addresses it serves, and the
+// connections from other addresses being refused.
+type served struct {
+	sb        *sandboxState
+	clients   []netip.Addr // unmapped, no zone; empty: any
+	strangers atomic.Int64
+}
+
+// admits reports whether a connection from addr is served.
+func (s *served) admits(addr netip.Addr) bool {
+	return len(s.clients) == 0 || slices.Contains(s.clients, addr)
 }

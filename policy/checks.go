@@ -16,6 +16,19 @@ const Workspace = "/workspace"
 // MaxArgv is the most argv items sandbox_exec takes.
 const MaxArgv = 64
 
+// Size caps of a command's arguments and environment, counted the way the
+// kernel counts them: each string with its terminating NUL, an env entry as
+// NAME=VALUE. Both are far below what Linux takes (128 KiB per string,
+// about 2 MiB in all); the agent's protocol is sized to carry both at their
+// caps with every byte escaped. Larger input goes on stdin or in a file.
+const (
+	MaxArgvBytes = 64 << 10
+	MaxEnvBytes  = 64 << 10
+)
+
+// largeInputHint is what to do with input too large for argv or env.
+const largeInputHint = "pass large input on stdin, or write it to a file with sandbox_write_file and have the command read it"
+
 // CanExec decides whether commands may run at all.
 func (p Policy) CanExec() Decision {
 	if p.Exec == ExecDeny {
@@ -57,7 +70,8 @@ func (p Policy) CheckProgram(argv0, resolved string, allowed map[string]string) 
 }
 
 // CheckArgv validates sandbox_exec's argv: 1 to MaxArgv items, no NUL, a
-// non-empty program.
+// non-empty program name of at most MaxPathBytes, and at most MaxArgvBytes
+// in all.
 func CheckArgv(argv []string) Decision {
 	if len(argv) == 0 {
 		return Deny(InvalidArgument, "argv is empty; pass the program and its arguments, e.g. [\"ls\", \"-l\"]")
@@ -68,31 +82,57 @@ func CheckArgv(argv []string) Decision {
 	if argv[0] == "" {
 		return Deny(InvalidArgument, "argv[0] is empty; it names the program to run")
 	}
+	if len(argv[0]) > MaxPathBytes {
+		return Deny(InvalidArgument, "argv[0] is %d bytes long; a program name or path has at most %d", len(argv[0]), MaxPathBytes)
+	}
+	size := 0
 	for i, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {
 			return Deny(InvalidArgument, "argv[%d] contains a NUL byte, which no program can receive", i)
 		}
+		size += len(a) + 1
+	}
+	if size > MaxArgvBytes {
+		return Deny(TooLarge, "argv is %d bytes (each item counted with its terminating NUL); at most %d are allowed: %s", size, MaxArgvBytes, largeInputHint)
 	}
 	return Allowed
 }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// CheckEnv validates sandbox_exec's env and returns it as sorted NAME=VALUE
-// pairs.
+// CheckEnv validates sandbox_exec's env, at most MaxEnvBytes in all, and
+// returns it as sorted NAME=VALUE pairs.
 func CheckEnv(env map[string]string) ([]string, Decision) {
 	out := make([]string, 0, len(env))
+	size := 0
 	for k, v := range env {
 		if !envName.MatchString(k) {
-			return nil, Deny(InvalidArgument, "env name %q is not valid; names match [A-Za-z_][A-Za-z0-9_]*", k)
+			return nil, Deny(InvalidArgument, "env name %q is not valid; names match [A-Za-z_][A-Za-z0-9_]*", clip(k))
 		}
 		if strings.IndexByte(v, 0) >= 0 {
-			return nil, Deny(InvalidArgument, "env %s contains a NUL byte", k)
+			return nil, Deny(InvalidArgument, "env %s contains a NUL byte", clip(k))
 		}
+		size += len(k) + 1 + len(v) + 1
 		out = append(out, k+"="+v)
+	}
+	if size > MaxEnvBytes {
+		return nil, Deny(TooLarge, "env is %d bytes (each variable counted as NAME=VALUE with a terminating NUL); at most %d are allowed: %s", size, MaxEnvBytes, largeInputHint)
 	}
 	slices.Sort(out)
 	return out, Allowed
+}
+
+// clip shortens a caller's string for quoting in a reason.
+func clip(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // ExecTimeoutFor turns sandbox_exec's timeout_ms into a duration: 0 means the

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -265,5 +266,48 @@ func TestDecisionString(t *testing.T) {
 	}
 	if Allowed.String() != "allow" {
 		t.Fatal(Allowed.String())
+	}
+}
+
+func TestArgvAndEnvSizes(t *testing.T) {
+	// argv: each item counts with its NUL.
+	fits := []string{"sh", "-c", strings.Repeat("<", MaxArgvBytes-len("sh")-len("-c")-3)}
+	if d := CheckArgv(fits); !d.Allow {
+		t.Fatalf("argv of exactly %d bytes: %v", MaxArgvBytes, d)
+	}
+	over := []string{"sh", "-c", strings.Repeat("<", MaxArgvBytes-len("sh")-len("-c")-2)}
+	d := CheckArgv(over)
+	if d.Allow || d.Code != TooLarge || !strings.Contains(d.Reason, "65537 bytes") || !strings.Contains(d.Reason, "65536") ||
+		!strings.Contains(d.Reason, "stdin") || !strings.Contains(d.Reason, "sandbox_write_file") {
+		t.Fatalf("argv one byte over: %v", d)
+	}
+	many := make([]string, MaxArgv)
+	for i := range many {
+		many[i] = strings.Repeat("x", MaxArgvBytes/MaxArgv) // 64 × 1 KiB, plus the NULs
+	}
+	if d := CheckArgv(many); d.Allow || d.Code != TooLarge {
+		t.Fatalf("64 items of 1 KiB: %v", d)
+	}
+	if d := CheckArgv([]string{strings.Repeat("a", MaxPathBytes+1)}); d.Allow || d.Code != InvalidArgument || !strings.Contains(d.Reason, "argv[0]") {
+		t.Fatalf("a program name longer than a path: %v", d)
+	}
+
+	// env: NAME=VALUE with its NUL; a 66 KB value is refused.
+	if _, d := CheckEnv(map[string]string{"BIG": strings.Repeat("v", 66000)}); d.Allow || d.Code != TooLarge || !strings.Contains(d.Reason, "66005 bytes") {
+		t.Fatalf("a 66 KB value: %v", d)
+	}
+	if _, d := CheckEnv(map[string]string{"BIG": strings.Repeat("v", MaxEnvBytes-len("BIG=")-1)}); !d.Allow {
+		t.Fatalf("env of exactly %d bytes: %v", MaxEnvBytes, d)
+	}
+	spread := map[string]string{}
+	for i := range 1000 {
+		spread[fmt.Sprintf("V%d", i)] = strings.Repeat("v", 64)
+	}
+	if _, d := CheckEnv(spread); d.Allow || d.Code != TooLarge {
+		t.Fatalf("1000 variables of 64 bytes: %v", d)
+	}
+	// A reason never quotes a caller's huge name whole.
+	if _, d := CheckEnv(map[string]string{strings.Repeat("-", 100000): ""}); d.Allow || len(d.Reason) > 200 {
+		t.Fatalf("a huge bad name: %d bytes of reason", len(d.Reason))
 	}
 }

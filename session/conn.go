@@ -13,6 +13,7 @@ import (
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
@@ -72,6 +73,7 @@ func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease
 		calls: make(map[uint64]*pending),
 		dead:  make(chan struct{}),
 	}
+	c.w.MaxHeader = agentproto.MaxRequestHeader
 	reader := agentproto.NewReader(pr)
 
 	type helloOrErr struct {
@@ -161,17 +163,29 @@ func (c *conn) err() error {
 	return nil
 }
 
+// send writes one frame. A frame the writer refuses before writing a byte
+// (too large, or a body that does not encode) fails only its request: the
+// stream is intact. Any other write error ends the connection.
 func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if err := c.err(); err != nil {
 		return err
 	}
-	if err := c.w.Write(id, kind, body, payload); err != nil {
+	err := c.w.Write(id, kind, body, payload)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, agentproto.ErrFrameTooLarge):
+		c.log.Warn("session: request too large for the agent's protocol", "kind", kind, "err", err)
+		return errorf(policy.TooLarge, "the %s request does not fit the sandbox's protocol (at most %d bytes once JSON-encoded, where a control character or <, >, & takes 6); pass large input on stdin or in a file",
+			kind, c.w.MaxHeader)
+	case errors.Is(err, agentproto.ErrNotSent):
+		return errLocal{fmt.Errorf("session: %w", err)}
+	default:
 		c.fail(fmt.Errorf("writing to the agent: %w", err))
 		return err
 	}
-	return nil
 }
 
 // open registers a request and sends its first frame.

@@ -57,12 +57,18 @@ type ContainerParams struct {
 
 	// Network is "none" or the name of the sandbox's own internal network.
 	Network string
+	// NetworkAddr is the container's address on Network (zero lets the
+	// engine pick). The egress proxy serves this address only.
+	NetworkAddr netip.Addr
 	// DNS replaces the engine's upstream resolvers (nil keeps them). A
 	// sandbox on an internal network gets its gateway, where the firewall
 	// refuses port 53: lookups fail at once, and no query leaves.
 	DNS []netip.Addr
 	// Runtime is the OCI runtime ("" for the engine's default, or "runsc").
 	Runtime string
+	// SeccompProfile is a seccomp profile (JSON) replacing the engine's
+	// default; "" keeps the default.
+	SeccompProfile string
 }
 
 // ContainerSpec builds the options that create a sandbox container. It is
@@ -107,7 +113,7 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		NetworkMode:    container.NetworkMode(netMode),
 		AutoRemove:     true,
 		CapDrop:        []string{"ALL"},
-		SecurityOpt:    []string{"no-new-privileges=true"},
+		SecurityOpt:    securityOpts(p.SeccompProfile),
 		ReadonlyRootfs: true,
 		Init:           &yes,
 		Runtime:        p.Runtime,
@@ -132,9 +138,11 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 	}
 	var netCfg *network.NetworkingConfig
 	if netMode != "none" {
-		netCfg = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
-			netMode: {},
-		}}
+		ep := &network.EndpointSettings{}
+		if p.NetworkAddr.IsValid() {
+			ep.IPAMConfig = &network.EndpointIPAMConfig{IPv4Address: p.NetworkAddr}
+		}
+		netCfg = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{netMode: ep}}
 	}
 	return client.ContainerCreateOptions{
 		Name:             p.Name,
@@ -142,4 +150,15 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		HostConfig:       host,
 		NetworkingConfig: netCfg,
 	}
+}
+
+// securityOpts are the container's security options: no-new-privileges,
+// and the operator's seccomp profile if there is one (the engine takes the
+// profile's JSON itself, as the docker CLI sends it).
+func securityOpts(seccompProfile string) []string {
+	opts := []string{"no-new-privileges=true"}
+	if seccompProfile != "" {
+		opts = append(opts, "seccomp="+seccompProfile)
+	}
+	return opts
 }

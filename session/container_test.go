@@ -101,6 +101,15 @@ func TestContainerSpec(t *testing.T) {
 	n := ContainerSpec(p)
 	check("network mode", n.HostConfig.NetworkMode == "sandbox-mcp-net-sb-1")
 	check("endpoint", n.NetworkingConfig != nil && len(n.NetworkingConfig.EndpointsConfig) == 1 && n.NetworkingConfig.EndpointsConfig["sandbox-mcp-net-sb-1"] != nil)
+	p.NetworkAddr = netip.MustParseAddr("198.18.0.2")
+	ep := ContainerSpec(p).NetworkingConfig.EndpointsConfig["sandbox-mcp-net-sb-1"]
+	check("the address the proxy serves", ep.IPAMConfig != nil && ep.IPAMConfig.IPv4Address == p.NetworkAddr)
+
+	// An operator's seccomp profile goes to the engine as the profile's
+	// JSON, beside no-new-privileges.
+	p.SeccompProfile = `{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[]}`
+	so := ContainerSpec(p).HostConfig.SecurityOpt
+	check("seccomp profile", slices.Equal(so, []string{"no-new-privileges=true", "seccomp=" + p.SeccompProfile}))
 
 	// The spec does not share the caller's slices and maps.
 	p2 := testParams()

@@ -14,13 +14,17 @@ import (
 const FirewallChain = "SANDBOX-MCP"
 
 // firewall keeps a sandbox network's containers away from every port of the
-// host but the egress proxy's. A Docker internal network still gives the
-// host an address on the network's bridge, and anything listening on it (or
-// on 0.0.0.0) would be reachable from the sandbox: the MCP HTTP port, a
-// DNS forwarder, sshd. The rules match packets arriving on the sandbox's
-// bridge: TCP to the proxy's address and port is accepted; other TCP is
-// reset and everything else refused, so a wrong door fails at once instead
-// of timing out.
+// host but the egress proxy's, and the proxy's listener away from everyone
+// but the sandbox. A Docker internal network still gives the host an
+// address on the network's bridge, and anything listening on it (or on
+// 0.0.0.0) would be reachable from the sandbox: the MCP HTTP port, a DNS
+// forwarder, sshd. The rules match packets arriving on the sandbox's
+// bridge: TCP from the sandbox's address to the proxy's address and port is
+// accepted; other TCP is reset and everything else refused, so a wrong door
+// fails at once instead of timing out. And TCP to the proxy's address and
+// port that arrives on any other interface (a container on docker0 or on
+// another network, a process of the host) is reset: the listener, and the
+// allowlist behind it, are the sandbox's alone.
 type firewall struct {
 	ipt *iptables.IPTables
 }
@@ -51,18 +55,20 @@ func newFirewall() (*firewall, error) {
 // comment tags every rule of one network, so rules can be found again.
 func ruleComment(network string) string { return "sandbox-mcp:" + network }
 
-func (f *firewall) rules(network, bridge string, gw netip.Addr, port int) [][]string {
+func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int) [][]string {
 	c := []string{"-m", "comment", "--comment", ruleComment(network)}
+	proxy := []string{"-p", "tcp", "-d", gw.String(), "--dport", strconv.Itoa(port)}
 	return [][]string{
-		append([]string{"-i", bridge, "-p", "tcp", "-d", gw.String(), "--dport", strconv.Itoa(port)}, append(c, "-j", "ACCEPT")...),
+		append(append([]string{"-i", bridge, "-s", client.String()}, proxy...), append(c, "-j", "ACCEPT")...),
 		append([]string{"-i", bridge, "-p", "tcp"}, append(c, "-j", "REJECT", "--reject-with", "tcp-reset")...),
 		append([]string{"-i", bridge}, append(c, "-j", "REJECT", "--reject-with", "icmp-port-unreachable")...),
+		append(append([]string{"!", "-i", bridge}, proxy...), append(c, "-j", "REJECT", "--reject-with", "tcp-reset")...),
 	}
 }
 
 // isolate installs a network's rules.
-func (f *firewall) isolate(network, bridge string, gw netip.Addr, port int) error {
-	for _, r := range f.rules(network, bridge, gw, port) {
+func (f *firewall) isolate(network, bridge string, gw, client netip.Addr, port int) error {
+	for _, r := range f.rules(network, bridge, gw, client, port) {
 		if err := f.ipt.AppendUnique("filter", FirewallChain, r...); err != nil {
 			f.release(network)
 			return fmt.Errorf("firewall: %w", err)

@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -53,19 +52,24 @@ type Options struct {
 	Env []string
 	// StateDir holds snapshots and the server's records. Required.
 	StateDir string
-	// Retention bounds the snapshots kept in StateDir.
+	// Retention bounds the snapshots kept in StateDir. Its
+	// MaxSnapshotBytes is set from Policy (the workspace's stream limit).
 	Retention Retention
 	// Warm is the number of containers kept started ahead of need, so a
 	// new session's first call does not wait for one (0: none).
 	Warm int
 	// WorkspaceFrom is a host directory every new workspace starts with a
 	// copy of ("" for an empty workspace). It is read once, at start,
-	// capped at the workspace size, without following symlinks.
+	// capped at the workspace size, without following symlinks, refusing a
+	// file hard-linked from outside it.
 	WorkspaceFrom string
 	// Instance names this server in labels; "" picks a random one.
 	Instance string
 	// Runtime is the OCI runtime ("" for the engine default).
 	Runtime string
+	// SeccompProfile is a seccomp profile (JSON) for every sandbox in place
+	// of the engine's default; "" keeps the default.
+	SeccompProfile string
 	// Lease is how long an agent lives without hearing from the server; 0
 	// means DefaultLease.
 	Lease time.Duration
@@ -156,6 +160,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	opts.Retention.MaxSnapshotBytes = snapshotLimits(opts.Policy).MaxBytes
 	snaps, err := OpenSnapshotStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
 	if err != nil {
 		return nil, err
@@ -380,7 +385,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		}
 	}()
 	env := m.sandboxEnv()
-	netName, dns := "none", []netip.Addr(nil)
+	netName, dns, addr := "none", []netip.Addr(nil), netip.Addr{}
 	if m.proxy != nil {
 		n, err := m.openNet(ctx, sandbox, name)
 		if err != nil {
@@ -388,7 +393,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		}
 		inst.net = n
 		env = append(env, n.env()...)
-		netName, dns = n.name, []netip.Addr{n.gateway}
+		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
 	}
 	spec := ContainerSpec(ContainerParams{
 		Name:              name,
@@ -406,8 +411,10 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		Pids:              p.Pids,
 		NoFile:            DefaultNoFile,
 		Network:           netName,
+		NetworkAddr:       addr,
 		DNS:               dns,
 		Runtime:           m.opts.Runtime,
+		SeccompProfile:    m.opts.SeccompProfile,
 	})
 	start := time.Now()
 	created, err := m.cli.ContainerCreate(ctx, spec)
@@ -504,34 +511,6 @@ func (m *Manager) removeInstance(inst *instance) {
 	}
 	if inst.net != nil {
 		m.closeNet(inst.net)
-	}
-}
-
-// reapLoop removes the containers of idle sandboxes.
-func (m *Manager) reapLoop() {
-	defer m.wg.Done()
-	t := time.NewTicker(max(m.opts.IdleTimeout/10, 100*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case now := <-t.C:
-			m.mu.Lock()
-			all := slices.Collect(func(yield func(*Sandbox) bool) {
-				for _, s := range m.byKey {
-					if !yield(s) {
-						return
-					}
-				}
-			})
-			m.mu.Unlock()
-			for _, s := range all {
-				if s.idleFor(now) >= m.opts.IdleTimeout {
-					s.reapIdle(m.opts.IdleTimeout)
-				}
-			}
-		}
 	}
 }
 

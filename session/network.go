@@ -31,6 +31,7 @@ var DefaultNetworkPool = netip.MustParsePrefix("198.18.0.0/15")
 type sandboxNet struct {
 	id, name, bridge string
 	gateway          netip.Addr
+	client           netip.Addr // the container's address, the only one the proxy serves
 	port             int
 	stop             context.CancelFunc
 	served           chan struct{}
@@ -76,7 +77,10 @@ func pickSubnet(pool netip.Prefix) netip.Prefix {
 
 // openNet creates a sandbox's internal network, starts the proxy on its
 // gateway address only, and firewalls every other port of the host away
-// from it. On failure nothing is left behind.
+// from it. The container gets the address after the gateway, and the proxy
+// listener is its own: the proxy serves no other address, and the firewall
+// refuses the listener to packets from any other interface (another
+// bridge, docker0, the host itself). On failure nothing is left behind.
 func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandboxNet, err error) {
 	n = &sandboxNet{name: name, bridge: bridgeName(name)}
 	defer func() {
@@ -102,7 +106,7 @@ func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandbox
 			},
 		})
 		if err == nil {
-			n.gateway = gw
+			n.gateway, n.client = gw, gw.Next()
 			break
 		}
 		// The subnet may overlap another network's (engines report that
@@ -123,7 +127,7 @@ func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandbox
 	}
 	n.port = ln.Addr().(*net.TCPAddr).Port
 	if m.fw != nil {
-		if err := m.fw.isolate(n.name, n.bridge, n.gateway, n.port); err != nil {
+		if err := m.fw.isolate(n.name, n.bridge, n.gateway, n.client, n.port); err != nil {
 			ln.Close()
 			return n, fmt.Errorf("firewall the sandbox network: %w", err)
 		}
@@ -133,7 +137,7 @@ func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandbox
 	n.stop, n.served = stop, make(chan struct{})
 	go func() {
 		defer close(n.served)
-		if err := m.proxy.Serve(pctx, ln, sandbox); err != nil {
+		if err := m.proxy.Serve(pctx, ln, sandbox, n.client); err != nil {
 			m.log.Warn("session: proxy stopped", "sandbox", sandbox, "err", err)
 		}
 	}()

@@ -7,13 +7,16 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -261,5 +264,93 @@ func TestOwnerGone(t *testing.T) {
 	}
 	if ownerGone(map[string]string{}) {
 		t.Fatal("no labels: unknown, not gone")
+	}
+}
+
+// runPlain runs script in a plain container of the test image (not a
+// sandbox: the engine's defaults) on the given network, and returns its
+// output. The container is labelled with the manager's instance and removed.
+func runPlain(t *testing.T, m *Manager, networkMode, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	created, err := m.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config: &container.Config{
+			Image:  testenv.TestImage(t),
+			Cmd:    []string{"sh", "-c", script},
+			Tty:    true, // the log is the raw output
+			Labels: map[string]string{LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
+		},
+		HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(networkMode)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.cli.ContainerRemove(context.Background(), created.ID, client.ContainerRemoveOptions{Force: true})
+	})
+	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait := m.cli.ContainerWait(ctx, created.ID, client.ContainerWaitOptions{})
+	select {
+	case <-wait.Result:
+	case err := <-wait.Error:
+		t.Fatalf("wait for the plain container: %v", err)
+	}
+	logs, err := m.cli.ContainerLogs(ctx, created.ID, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	out, _ := io.ReadAll(logs)
+	return string(out)
+}
+
+// TestEgressProxyIsTheSandboxsAlone: a container on Docker's default bridge
+// can route to a sandbox's gateway, but neither it nor another sandbox can
+// use the sandbox's proxy (and its allowlist); the sandbox itself can.
+func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
+	upstream := listen(t, "127.0.0.1:0", true)
+	target := fmt.Sprintf("api.test:%d", upstream.port())
+	m := egressManager(t, true, target)
+	sb := newSandbox(t, m)
+	proxy := strings.TrimPrefix(strings.TrimSpace(string(sh(t, sb, "echo $HTTPS_PROXY").Stdout)), "http://")
+	host, port, err := net.SplitHostPort(proxy)
+	if err != nil {
+		t.Fatalf("the sandbox's proxy %q: %v", proxy, err)
+	}
+	connect := fmt.Sprintf(`{ printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n'; sleep 0.5; printf 'from-outside'; sleep 0.5; } | nc -w 3 %[2]s %[3]s; echo rc=$?`, target, host, port)
+
+	// The firewall resets the listener's port to every interface but the
+	// sandbox's bridge; the proxy itself serves the sandbox's address only.
+	rules, _ := exec.Command("iptables", "-S", FirewallChain).Output()
+	if !regexp.MustCompile(`! -i sbx-\S+ -p tcp -m tcp --dport `+port+` .*-j REJECT`).Match(rules) &&
+		!regexp.MustCompile(`-d `+host+`/32 ! -i sbx-\S+ -p tcp -m tcp --dport `+port+` .*-j REJECT`).Match(rules) {
+		t.Errorf("no rule keeps other interfaces off the proxy's port %s:\n%s", port, rules)
+	}
+
+	// Another container on the default bridge: its packets reach the
+	// host's INPUT from docker0, not from the sandbox's bridge.
+	out := runPlain(t, m, "bridge", connect)
+	if strings.Contains(out, "200") || strings.Contains(out, "from-outside") {
+		t.Errorf("a container on the default bridge tunnelled through the sandbox's proxy:\n%s", out)
+	}
+	// Another sandbox, on its own network.
+	other, err := m.Sandbox("other", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := string(sh(t, other, connect).Stdout); strings.Contains(out, "200") {
+		t.Errorf("another sandbox tunnelled through this sandbox's proxy:\n%s", out)
+	}
+	if n := upstream.count.Load(); n != 0 {
+		t.Fatalf("the upstream was reached %d times from outside the sandbox", n)
+	}
+
+	// The sandbox itself still gets through.
+	res := sh(t, sb, proxyScript(target, "from-the-sandbox"))
+	if !strings.Contains(string(res.Stdout), "HTTP/1.1 200") || !strings.Contains(string(res.Stdout), "from-the-sandbox") {
+		t.Fatalf("the sandbox's own CONNECT: %q %q", res.Stdout, res.Stderr)
 	}
 }

@@ -464,9 +464,11 @@ func (c *conn) decodeError(f agentproto.Frame) error {
 	return fromAgent(e)
 }
 
-// unavailable reports a sandbox that stopped answering.
+// unavailable reports a sandbox that stopped answering. Errors that say
+// nothing about the agent (a refusal, a request that was never sent) pass
+// through.
 func unavailable(err error) error {
-	if _, ok := AsError(err); ok {
+	if _, ok := AsError(err); ok || errors.As(err, new(errLocal)) {
 		return err
 	}
 	return &Error{Code: policy.Unavailable, Message: fmt.Sprintf(

@@ -349,38 +349,6 @@ func (s *Sandbox) idleFor(now time.Time) time.Duration {
 	return now.Sub(time.Unix(0, s.lastUsed.Load()))
 }
 
-// reapIdle removes the container of a sandbox idle for too long; the next
-// call reports it and the one after starts afresh.
-func (s *Sandbox) reapIdle(idle time.Duration) {
-	s.mu.Lock()
-	inst := s.cur
-	if inst == nil || s.inflight.Load() > 0 {
-		s.mu.Unlock()
-		return
-	}
-	s.cur = nil
-	s.lost = fmt.Sprintf("was removed after %s unused (--idle-timeout)", idle.Round(time.Second))
-	if !s.m.opts.Policy.ReadOnly {
-		// Keep the work: save the workspace, and start the next container
-		// from it.
-		info, err := s.m.snaps.Create("auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, s.owner, func(w io.Writer) error {
-			ctx, cancel := context.WithTimeout(s.ctx, bulkTimeout)
-			defer cancel()
-			_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
-			return err
-		})
-		if err != nil {
-			s.m.log.Warn("session: saving an idle sandbox's workspace failed", "sandbox", s.id, "err", err)
-			s.lost += fmt.Sprintf(", and saving its workspace failed (%v)", err)
-		} else {
-			s.lost += fmt.Sprintf("; its workspace was saved as snapshot %s", info.ID)
-		}
-	}
-	s.planRecovery()
-	s.mu.Unlock()
-	s.m.removeInstance(inst)
-}
-
 // removeContainer force-removes a container and waits until it is gone.
 func removeContainer(ctx context.Context, cli *client.Client, id string) error {
 	_, err := cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})

@@ -28,8 +28,9 @@ type seed struct {
 // newSeed archives dir for seeding workspaces. The walk is the agent's own
 // confined one, run here on the host: it starts from a descriptor of dir,
 // never follows a symlink (symlinks are stored as symlinks), skips FIFOs,
-// sockets and devices, and reads nothing outside dir. The archive is capped
-// at maxBytes.
+// sockets and devices, and reads nothing outside dir. A file hard-linked
+// from outside dir (whose content is not dir's to give) fails the whole
+// seed, naming the file. The archive is capped at maxBytes.
 func newSeed(dir string, maxBytes int64) (*seed, error) {
 	ws, err := agent.OpenWorkspace(dir)
 	if err != nil {
@@ -42,12 +43,16 @@ func newSeed(dir string, maxBytes int64) (*seed, error) {
 	}
 	os.Remove(f.Name())
 	h := sha256.New()
-	res, err := ws.Snapshot(io.MultiWriter(f, h), agentproto.Limits{MaxBytes: maxBytes, MaxDepth: 256, MaxEntries: 1 << 20})
+	res, err := ws.SnapshotTree(io.MultiWriter(f, h), agentproto.Limits{MaxBytes: maxBytes, MaxDepth: 256, MaxEntries: 1 << 20},
+		agent.SnapshotOptions{OwnLinksOnly: true})
 	if err != nil {
 		f.Close()
 		var pe *agentproto.Error
 		if errors.As(err, &pe) && pe.Code == agentproto.CodeTooLarge {
 			return nil, fmt.Errorf("--workspace-from %s is larger than the workspace (--max-workspace-bytes %d): %s", dir, maxBytes, pe.Message)
+		}
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("--workspace-from %s: %s", dir, pe.Message)
 		}
 		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
 	}

@@ -91,3 +91,40 @@ func TestReadOnlyWorkspaceFrom(t *testing.T) {
 		t.Fatalf("snapshot of a read-only workspace: %v (%s)", err, time.Since(start))
 	}
 }
+
+// TestWorkspaceFromRefusesHardLinksFromOutside: a file of the directory
+// that is a hard link to a file outside it (a secret another user linked
+// in) stops the server at start, naming the file; hard links within the
+// directory are fine.
+func TestWorkspaceFromRefusesHardLinksFromOutside(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "project")
+	os.MkdirAll(filepath.Join(dir, "sub"), 0o755)
+	os.WriteFile(filepath.Join(dir, "a"), []byte("mine\n"), 0o644)
+	if err := os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "sub", "a-again")); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(root, "shadow")
+	os.WriteFile(secret, []byte("HOST-SECRET\n"), 0o600)
+	if err := os.Link(secret, filepath.Join(dir, "sub", "innocent.txt")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewManager(context.Background(), Options{
+		Client: testenv.Engine(t), Image: testenv.TestImage(t), AgentBinary: agentBin, StateDir: t.TempDir(),
+		Policy: policy.Default(), WorkspaceFrom: dir,
+	})
+	if err == nil {
+		m.Close(context.Background())
+	}
+	if err == nil || !strings.Contains(err.Error(), `"sub/innocent.txt" is a hard link to a file with 2 links, only 1 of them in the directory`) {
+		t.Fatalf("err = %v", err)
+	}
+
+	// With the outside link gone, the tree's own pair seeds both names.
+	os.Remove(secret)
+	m = testManager(t, func(o *Options) { o.WorkspaceFrom = dir })
+	sb := newSandbox(t, m)
+	if got := string(sh(t, sb, "cat a sub/a-again sub/innocent.txt").Stdout); got != "mine\nmine\nHOST-SECRET\n" {
+		t.Fatalf("seeded: %q", got)
+	}
+}

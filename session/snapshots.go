@@ -2,6 +2,7 @@ package session
 
 import (
 	"archive/tar"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -41,20 +43,56 @@ func (s SnapshotInfo) URI() string { return "sandbox://snapshots/" + s.ID }
 
 // SnapshotStore keeps snapshots as tar files with a JSON record beside each,
 // in one directory of the server's state directory. Snapshots outlive the
-// sandbox and the server process; Retention bounds how many are kept.
+// sandbox and the server process; Retention bounds how many are kept, per
+// caller and in all.
+//
+// Room on disk is reserved before a snapshot is written and granted as it
+// is written: the archives stored plus the bytes of snapshots being written
+// never pass the byte caps, not even for a moment (see Create).
 type SnapshotStore struct {
 	dir string
 	ret Retention
-	mu  sync.Mutex // serialises pruning
+
+	mu sync.Mutex
+	// stored is the index of the snapshots on disk, oldest first, read
+	// again from the directory at every admission (another process may
+	// have added or deleted some).
+	stored  []SnapshotInfo
+	flights map[string]*flight // snapshots being written, by id
+	// freed is closed, and replaced, whenever a snapshot in flight ends,
+	// for Create calls waiting for room.
+	freed chan struct{}
 }
 
-// Retention bounds the snapshots kept. When a new snapshot takes the store
-// over a limit, the oldest snapshots are deleted until it is within all of
-// them again (the new one is never deleted). Zero means no limit.
+// Retention bounds the snapshots kept. Each caller (owner) may keep at most
+// PerCallerCount snapshots and PerCallerBytes bytes of them; when a new one
+// would pass that, the caller's own oldest snapshots are deleted. The store
+// as a whole keeps at most MaxCount snapshots and MaxBytes bytes; when a new
+// one would pass that, the oldest snapshots of the caller holding the most
+// (snapshots for MaxCount, bytes for MaxBytes, those being written
+// included) are deleted first. Nothing older than MaxAge is kept. A
+// snapshot is never deleted to make room for itself. Zero means no limit
+// for each.
 type Retention struct {
-	MaxCount int           // snapshots
-	MaxBytes int64         // total size of the tar files
-	MaxAge   time.Duration // age since creation
+	MaxCount       int           // snapshots in the store
+	MaxBytes       int64         // total size of the tar files in the store
+	MaxAge         time.Duration // age since creation
+	PerCallerCount int           // snapshots of one caller
+	PerCallerBytes int64         // total size of one caller's tar files
+
+	// MaxSnapshotBytes is the largest archive one snapshot can be (the
+	// workspace's stream limit). Each snapshot being written reserves that
+	// much room, or the smallest byte cap if that is less, and is cut with
+	// TOO_LARGE when it outgrows its reservation. 0 means the smallest byte
+	// cap.
+	MaxSnapshotBytes int64
+}
+
+// flight is a snapshot being written.
+type flight struct {
+	owner    string
+	reserved int64 // room it may take; 0: no byte cap applies
+	written  int64 // room granted so far (the bytes in its file)
 }
 
 var snapshotID = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
@@ -69,7 +107,7 @@ func OpenSnapshotStore(dir string, ret Retention) (*SnapshotStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
-	s := &SnapshotStore{dir: dir, ret: ret}
+	s := &SnapshotStore{dir: dir, ret: ret, flights: map[string]*flight{}, freed: make(chan struct{})}
 	if names, err := os.ReadDir(dir); err == nil {
 		for _, e := range names {
 			if strings.HasPrefix(e.Name(), ".incoming-") || strings.HasSuffix(e.Name(), ".json.tmp") {
@@ -77,41 +115,210 @@ func OpenSnapshotStore(dir string, ret Retention) (*SnapshotStore, error) {
 			}
 		}
 	}
-	if _, err := s.Prune(""); err != nil {
-		return nil, err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.refresh(); err != nil {
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	owners := map[string]bool{}
+	for _, in := range s.stored {
+		owners[in.Owner] = true
+	}
+	for _, o := range slices.Sorted(maps.Keys(owners)) {
+		if err := s.makeRoom(o, 0, ""); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
 
-// Prune deletes the oldest snapshots until the store is within its
-// retention limits, never the one named keep. It returns the ids deleted.
-func (s *SnapshotStore) Prune(keep string) ([]string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// refresh reads the index from the directory; snapshots being written are
+// counted as flights, not as stored. s.mu is held.
+func (s *SnapshotStore) refresh() error {
 	all, err := s.List()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var total int64
-	for _, in := range all {
-		total += in.SizeBytes
+	s.stored = slices.DeleteFunc(all, func(in SnapshotInfo) bool { return s.flights[in.ID] != nil })
+	return nil
+}
+
+// usage is what one caller (or, with all set, every caller) holds: stored
+// snapshots, and snapshots being written.
+type usage struct {
+	count, flights    int
+	bytes             int64 // stored
+	written, reserved int64 // by snapshots in flight
+}
+
+// usageOf sums the usage of owner, or of every caller when all is set.
+// s.mu is held.
+func (s *SnapshotStore) usageOf(owner string, all bool) usage {
+	var u usage
+	for _, in := range s.stored {
+		if all || in.Owner == owner {
+			u.count++
+			u.bytes += in.SizeBytes
+		}
 	}
-	var deleted []string
-	now := time.Now()
-	for _, in := range all { // oldest first
-		over := (s.ret.MaxCount > 0 && len(all)-len(deleted) > s.ret.MaxCount) ||
-			(s.ret.MaxBytes > 0 && total > s.ret.MaxBytes) ||
-			(s.ret.MaxAge > 0 && now.Sub(in.CreatedAt) > s.ret.MaxAge)
-		if !over || in.ID == keep {
+	for _, f := range s.flights {
+		if all || f.owner == owner {
+			u.flights++
+			u.written += f.written
+			u.reserved += f.reserved
+		}
+	}
+	return u
+}
+
+// errNoRoom means the retention limits cannot be met by deleting stored
+// snapshots: what holds the room is being written. Reservations make it
+// unreachable; it is checked all the same.
+var errNoRoom = errors.New("snapshot store: no stored snapshot left to delete, yet the retention limits do not hold")
+
+// makeRoom deletes stored snapshots, never protect, until owner can write
+// extra more bytes and every limit holds: first snapshots past MaxAge, then
+// owner's oldest while owner is past its own limits, then the oldest of the
+// caller holding the most while the store is past its limits. s.mu is held.
+func (s *SnapshotStore) makeRoom(owner string, extra int64, protect string) error {
+	r := s.ret
+	if r.MaxAge > 0 {
+		now := time.Now()
+		for _, in := range slices.Clone(s.stored) {
+			if in.ID != protect && now.Sub(in.CreatedAt) > r.MaxAge {
+				if err := s.evict(in.ID); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for {
+		var victim string
+		mine, all := s.usageOf(owner, false), s.usageOf("", true)
+		switch {
+		case r.PerCallerCount > 0 && mine.count > r.PerCallerCount,
+			r.PerCallerBytes > 0 && mine.bytes+mine.written+extra > r.PerCallerBytes:
+			victim = s.oldestOf(owner, protect)
+		case r.MaxCount > 0 && all.count > r.MaxCount:
+			victim = s.oldestOfBiggest(protect, func(u usage) int64 { return int64(u.count + u.flights) })
+		case r.MaxBytes > 0 && all.bytes+all.written+extra > r.MaxBytes:
+			victim = s.oldestOfBiggest(protect, func(u usage) int64 { return u.bytes + u.written })
+		default:
+			return nil
+		}
+		if victim == "" {
+			return errNoRoom
+		}
+		if err := s.evict(victim); err != nil {
+			return err
+		}
+	}
+}
+
+// oldestOf returns the id of owner's oldest stored snapshot other than
+// protect, or "". s.mu is held.
+func (s *SnapshotStore) oldestOf(owner, protect string) string {
+	for _, in := range s.stored {
+		if in.Owner == owner && in.ID != protect {
+			return in.ID
+		}
+	}
+	return ""
+}
+
+// oldestOfBiggest returns the oldest stored snapshot (other than protect)
+// of the caller that holds the most by size, among callers with a snapshot
+// that may be deleted; ties go to the caller whose oldest snapshot is the
+// oldest. s.mu is held.
+func (s *SnapshotStore) oldestOfBiggest(protect string, size func(usage) int64) string {
+	best, bestSize := "", int64(-1)
+	seen := map[string]bool{}
+	for _, in := range s.stored { // oldest first: the first of each owner is its oldest
+		if in.ID == protect || seen[in.Owner] {
 			continue
 		}
-		if err := s.Delete(in.ID); err != nil && err != ErrSnapshotNotFound {
-			return deleted, err
+		seen[in.Owner] = true
+		if n := size(s.usageOf(in.Owner, false)); n > bestSize {
+			best, bestSize = in.ID, n
 		}
-		deleted = append(deleted, in.ID)
-		total -= in.SizeBytes
 	}
-	return deleted, nil
+	return best
+}
+
+// evict deletes a stored snapshot and drops it from the index. s.mu is held.
+func (s *SnapshotStore) evict(id string) error {
+	if err := s.remove(id); err != nil && err != ErrSnapshotNotFound {
+		return fmt.Errorf("snapshot store: apply retention: %w", err)
+	}
+	s.stored = slices.DeleteFunc(s.stored, func(in SnapshotInfo) bool { return in.ID == id })
+	return nil
+}
+
+// reservation is the room a new snapshot reserves, and the flag that sets
+// it (for messages). 0 means no byte cap applies.
+func (s *SnapshotStore) reservation() (int64, string) {
+	n, why := s.ret.MaxSnapshotBytes, "the largest snapshot of a workspace (--max-workspace-bytes)"
+	if c := s.ret.PerCallerBytes; c > 0 && (n == 0 || c < n) {
+		n, why = c, "--snapshot-max-bytes-per-caller"
+	}
+	if c := s.ret.MaxBytes; c > 0 && (n == 0 || c < n) {
+		n, why = c, "--snapshot-max-bytes"
+	}
+	if s.ret.PerCallerBytes == 0 && s.ret.MaxBytes == 0 {
+		return 0, ""
+	}
+	return n, why
+}
+
+// admit reserves room for a new snapshot of owner, or says why it cannot
+// be had now (BUSY: snapshots being written hold it). s.mu is held.
+func (s *SnapshotStore) admit(id, owner string) error {
+	if err := s.refresh(); err != nil {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
+	r := s.ret
+	need, _ := s.reservation()
+	mine, all := s.usageOf(owner, false), s.usageOf("", true)
+	switch {
+	case r.PerCallerCount > 0 && mine.flights+1 > r.PerCallerCount:
+		return errorf(policy.Busy, "%d snapshots of yours are being written now, as many as a caller may keep (--snapshot-max-count-per-caller %d); try again when they finish", mine.flights, r.PerCallerCount)
+	case r.PerCallerBytes > 0 && need > 0 && mine.reserved+need > r.PerCallerBytes:
+		return errorf(policy.Busy, "%d snapshots of yours are being written now, and with one more they could pass the %d bytes a caller may keep (--snapshot-max-bytes-per-caller); try again when they finish", mine.flights, r.PerCallerBytes)
+	case r.MaxCount > 0 && all.flights+1 > r.MaxCount:
+		return errorf(policy.Busy, "%d snapshots are being written on this server now, as many as it keeps (--snapshot-max-count %d); try again in a moment", all.flights, r.MaxCount)
+	case r.MaxBytes > 0 && need > 0 && all.reserved+need > r.MaxBytes:
+		return errorf(policy.Busy, "%d snapshots are being written on this server now, and with one more they could pass the %d bytes it keeps (--snapshot-max-bytes); try again in a moment", all.flights, r.MaxBytes)
+	}
+	s.flights[id] = &flight{owner: owner, reserved: need}
+	return nil
+}
+
+// grant lets a snapshot in flight put n more bytes on disk, deleting old
+// snapshots to make room as needed. Past its reservation it is TOO_LARGE.
+func (s *SnapshotStore) grant(id string, n int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.flights[id]
+	if f.reserved > 0 && f.written+n > f.reserved {
+		_, why := s.reservation()
+		return errorf(policy.TooLarge, "the snapshot passed %d bytes, the most one snapshot may take here (%s); delete files you no longer need from the workspace (large ones first) and try again", f.reserved, why)
+	}
+	if err := s.makeRoom(f.owner, n, ""); err != nil {
+		return err
+	}
+	f.written += n
+	return nil
+}
+
+// land ends a flight: its bytes are stored as info when ok, and freed (its
+// file already removed) when not. s.mu is held.
+func (s *SnapshotStore) land(id string, info SnapshotInfo, ok bool) {
+	delete(s.flights, id)
+	if ok {
+		s.stored = append(s.stored, info)
+	}
+	close(s.freed)
+	s.freed = make(chan struct{})
 }
 
 // Latest returns the newest snapshot a sandbox made.
@@ -141,7 +348,25 @@ const maxLabel = 200
 // Create stores a new snapshot whose tar stream fill writes. The stream is
 // hashed as it is stored, then read back as tar to count its entries: a
 // stream that is not a valid tar is refused.
+//
+// Before fill runs, the snapshot reserves room (see Retention): when
+// snapshots being written already hold the room the limits leave, Create
+// returns BUSY at once and fill does not run. As the stream is written,
+// each chunk is granted room first, old snapshots being deleted as the new
+// one needs their room (so a snapshot that fails late may have cost some);
+// a stream that outgrows its reservation is cut and refused with TOO_LARGE.
+// When the snapshot is stored, the count and age limits are applied.
 func (s *SnapshotStore) Create(label, sandbox, owner string, fill func(io.Writer) error) (SnapshotInfo, error) {
+	return s.create(nil, label, sandbox, owner, fill)
+}
+
+// CreateWait is Create that, instead of returning BUSY, waits until ctx
+// ends for snapshots being written to leave room.
+func (s *SnapshotStore) CreateWait(ctx context.Context, label, sandbox, owner string, fill func(io.Writer) error) (SnapshotInfo, error) {
+	return s.create(ctx, label, sandbox, owner, fill)
+}
+
+func (s *SnapshotStore) create(wait context.Context, label, sandbox, owner string, fill func(io.Writer) error) (info SnapshotInfo, err error) {
 	if len(label) > maxLabel {
 		label = label[:maxLabel]
 	}
@@ -149,22 +374,38 @@ func (s *SnapshotStore) Create(label, sandbox, owner string, fill func(io.Writer
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return SnapshotInfo{}, err
 	}
-	info := SnapshotInfo{
+	info = SnapshotInfo{
 		ID:        "snap-" + hex.EncodeToString(rnd[:]),
 		Label:     label,
 		CreatedAt: time.Now().UTC(),
 		Sandbox:   sandbox,
 		Owner:     owner,
 	}
+	if err := s.reserve(wait, info.ID, owner); err != nil {
+		return info, err
+	}
+	stored := false
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.land(info.ID, info, stored)
+		if stored {
+			if perr := s.makeRoom(owner, 0, info.ID); perr != nil {
+				err = perr
+			}
+		}
+	}()
 	tarPath, metaPath := s.paths(info.ID)
 	tmp, err := os.CreateTemp(s.dir, ".incoming-*")
 	if err != nil {
 		return info, fmt.Errorf("snapshot store: %w", err)
 	}
+	// Runs before the flight lands: its room is freed only once the file
+	// is gone.
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(tmp, h)}
+	cw := &grantWriter{w: io.MultiWriter(tmp, h), grant: func(n int64) error { return s.grant(info.ID, n) }}
 	if err := fill(cw); err != nil {
 		return info, err
 	}
@@ -196,10 +437,27 @@ func (s *SnapshotStore) Create(label, sandbox, owner string, fill func(io.Writer
 		os.Remove(tarPath)
 		return info, fmt.Errorf("snapshot store: %w", err)
 	}
-	if _, err := s.Prune(info.ID); err != nil {
-		return info, fmt.Errorf("snapshot store: apply retention: %w", err)
-	}
+	stored = true
 	return info, nil
+}
+
+// reserve admits a new snapshot, waiting for room until wait ends (nil:
+// not at all).
+func (s *SnapshotStore) reserve(wait context.Context, id, owner string) error {
+	for {
+		s.mu.Lock()
+		err := s.admit(id, owner)
+		freed := s.freed
+		s.mu.Unlock()
+		if e, ok := AsError(err); !ok || e.Code != policy.Busy || wait == nil {
+			return err
+		}
+		select {
+		case <-freed:
+		case <-wait.Done():
+			return fmt.Errorf("%w (waited %v)", err, context.Cause(wait))
+		}
+	}
 }
 
 // countTar counts the file entries (everything but PAX/GNU meta headers) of
@@ -219,14 +477,19 @@ func countTar(r io.Reader) (int, error) {
 	}
 }
 
-type countWriter struct {
-	w io.Writer
-	n int64
+// grantWriter asks for room before it writes, and counts what it wrote.
+type grantWriter struct {
+	w     io.Writer
+	grant func(n int64) error
+	n     int64
 }
 
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
+func (g *grantWriter) Write(p []byte) (int, error) {
+	if err := g.grant(int64(len(p))); err != nil {
+		return 0, err
+	}
+	n, err := g.w.Write(p)
+	g.n += int64(n)
 	return n, err
 }
 
@@ -291,6 +554,17 @@ func (s *SnapshotStore) List() ([]SnapshotInfo, error) {
 
 // Delete removes a snapshot.
 func (s *SnapshotStore) Delete(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.remove(id); err != nil {
+		return err
+	}
+	s.stored = slices.DeleteFunc(s.stored, func(in SnapshotInfo) bool { return in.ID == id })
+	return nil
+}
+
+// remove deletes a snapshot's files.
+func (s *SnapshotStore) remove(id string) error {
 	if !ValidSnapshotID(id) {
 		return ErrSnapshotNotFound
 	}

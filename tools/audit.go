@@ -1,11 +1,19 @@
 package tools
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -18,9 +26,11 @@ import (
 // is one write of one line, so lines never interleave.
 //
 // Records hold no secrets by construction: tool arguments appear only as a
-// digest, and callers only as an id derived from their token.
+// keyed digest (see Digest), and callers only as an id derived from their
+// token.
 type AuditLog struct {
 	path string
+	key  []byte
 	log  *slog.Logger
 
 	mu sync.Mutex
@@ -31,11 +41,15 @@ type AuditLog struct {
 const AuditKindTool = "tool_call"
 
 // OpenAuditLog opens (creating it with mode 0600 if needed) the audit file
-// at path for appending. Failures to write later are reported to log (nil
-// discards them).
-func OpenAuditLog(path string, log *slog.Logger) (*AuditLog, error) {
+// at path for appending. key keys the digests of tool arguments (see
+// LoadAuditKey). Failures to write later are reported to log (nil discards
+// them).
+func OpenAuditLog(path string, key []byte, log *slog.Logger) (*AuditLog, error) {
 	if path == "" {
 		return nil, errors.New("audit log: no file named")
+	}
+	if len(key) != AuditKeyBytes {
+		return nil, fmt.Errorf("audit log: the digest key has %d bytes, want %d", len(key), AuditKeyBytes)
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
@@ -53,7 +67,7 @@ func OpenAuditLog(path string, log *slog.Logger) (*AuditLog, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &AuditLog{path: path, log: log, f: f}, nil
+	return &AuditLog{path: path, key: key, log: log, f: f}, nil
 }
 
 // Path returns the file the log appends to.
@@ -77,9 +91,13 @@ func (a *AuditLog) Write(v any) error {
 	return nil
 }
 
-// Record appends a tool call record, tagged "kind": "tool_call". It fits
-// Deps.Audit; a failed write is logged, and the call goes on.
+// Record appends a tool call record, tagged "kind": "tool_call", with the
+// digest of r.Args as its arg_digest. It fits Deps.Audit; a failed write is
+// logged, and the call goes on.
 func (a *AuditLog) Record(r Record) {
+	if r.ArgDigest == "" {
+		r.ArgDigest = a.Digest(r.Args)
+	}
 	line := struct {
 		Kind string `json:"kind"`
 		Record
@@ -104,11 +122,15 @@ func (a *AuditLog) Close() error {
 // AuditKindProxy tags the record of a proxy decision.
 const AuditKindProxy = "proxy_decision"
 
-// ProxyRecord is the audit record of one egress proxy decision.
+// ProxyRecord is the audit record of an egress proxy decision: one per
+// allowed request, and for refusals the aggregates the proxy makes (the
+// first of each kind per interval, then a summary with the count of its
+// repeats; see netproxy.Config.RefusalInterval).
 type ProxyRecord struct {
 	Kind       string    `json:"kind"`
 	Time       time.Time `json:"time"`
 	Sandbox    string    `json:"sandbox"`
+	Client     string    `json:"client,omitempty"`
 	Host       string    `json:"host"`
 	Normalized string    `json:"normalized,omitempty"`
 	Port       int       `json:"port"`
@@ -119,16 +141,21 @@ type ProxyRecord struct {
 	Rule       string    `json:"rule,omitempty"`
 	Status     int       `json:"status"`
 	Duration   float64   `json:"duration_ms"`
+	Count      int       `json:"count"`             // requests this record stands for
+	Summary    bool      `json:"summary,omitempty"` // sums up an interval's repeated refusals
 }
 
 // Proxy appends the record of a proxy decision: the sandbox, the host and
-// port asked for, the addresses it resolved to, the one dialled, and why.
-// A failed write is logged.
+// port asked for, the addresses it resolved to, the one dialled, why, and
+// how many requests the record stands for. A failed write is logged.
 func (a *AuditLog) Proxy(d netproxy.Decision) {
 	r := ProxyRecord{
 		Kind: AuditKindProxy, Time: time.Now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
 		Port: d.Port, Decision: "deny", Reason: d.Reason, Rule: d.Rule, Status: d.Status,
-		Duration: float64(d.Duration.Microseconds()) / 1000,
+		Duration: float64(d.Duration.Microseconds()) / 1000, Count: d.Count, Summary: d.Summary,
+	}
+	if d.Client.IsValid() {
+		r.Client = d.Client.String()
 	}
 	if d.Allow {
 		r.Decision = "allow"
@@ -142,4 +169,126 @@ func (a *AuditLog) Proxy(d netproxy.Decision) {
 	if err := a.Write(r); err != nil {
 		a.log.Error("audit log write failed", "err", err)
 	}
+}
+
+// AuditKeyFile is the file in the state directory that holds the key of
+// the audit log's argument digests.
+const AuditKeyFile = "audit.key"
+
+// AuditKeyBytes is the size of the digest key.
+const AuditKeyBytes = 32
+
+// auditDigestBytes is how much of the HMAC a digest shows: 128 bits.
+const auditDigestBytes = 16
+
+// Digest is the audit log's digest of a tool call's arguments:
+// "hmac-sha256:" and the first 16 bytes, in hex, of HMAC-SHA256 keyed with
+// this server's key over the arguments JSON with the whitespace outside
+// strings removed. Without the key a reader of the log cannot test a
+// guess of what the arguments were; with it an operator can check a call
+// (sandbox-mcp audit digest). Digests stay comparable across restarts as
+// long as the key file is kept.
+func (a *AuditLog) Digest(args []byte) string { return AuditDigest(a.key, args) }
+
+// AuditDigest is Digest with an explicit key.
+func AuditDigest(key, args []byte) string {
+	mac := hmac.New(sha256.New, key)
+	writeCompact(mac, args)
+	return "hmac-sha256:" + hex.EncodeToString(mac.Sum(nil)[:auditDigestBytes])
+}
+
+// writeCompact writes JSON text to h without the whitespace between
+// tokens, so that the same arguments sent with other spacing (or typed by
+// an operator checking a digest) digest the same. It reads the input once
+// and allocates nothing: arguments can be megabytes.
+func writeCompact(h hash.Hash, js []byte) {
+	inString, escaped := false, false
+	start := 0
+	for i, c := range js {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			h.Write(js[start:i])
+			start = i + 1
+		}
+	}
+	h.Write(js[start:])
+}
+
+// LoadAuditKey returns the digest key kept in dir/audit.key, making it on
+// first use: 32 random bytes in a file of mode 0600, written whole before it
+// appears under its name, so a server starting beside another never reads
+// half a key. dir is created (0700) if missing.
+func LoadAuditKey(dir string) ([]byte, error) {
+	key, err := ReadAuditKey(dir)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return key, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	key = make([]byte, AuditKeyBytes)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".audit.key-*")
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(key)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	// CreateTemp makes the file 0600. Link fails if another server made
+	// the key first: then that key is the one.
+	if err := os.Link(tmp.Name(), filepath.Join(dir, AuditKeyFile)); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return ReadAuditKey(dir)
+		}
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	return key, nil
+}
+
+// ReadAuditKey reads the digest key in dir/audit.key without making one.
+// It refuses a key file that others than its owner can read.
+func ReadAuditKey(dir string) ([]byte, error) {
+	path := filepath.Join(dir, AuditKeyFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("audit key %s is not a regular file; remove it, and the server makes a new key (digests made with the old one will no longer match)", path)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("audit key %s has mode %v: anyone who can read it can test guesses against the audit log's digests; run chmod 600 %s", path, fi.Mode().Perm(), path)
+	}
+	key, err := io.ReadAll(io.LimitReader(f, AuditKeyBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	if len(key) != AuditKeyBytes {
+		return nil, fmt.Errorf("audit key %s does not hold %d bytes; remove it, and the server makes a new key (digests made with the old one will no longer match)", path, AuditKeyBytes)
+	}
+	return key, nil
 }

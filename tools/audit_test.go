@@ -2,13 +2,18 @@ package tools
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 )
 
 func TestAuditLogLines(t *testing.T) {
@@ -17,7 +22,7 @@ func TestAuditLogLines(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"kind":"earlier"}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := OpenAuditLog(path, nil)
+	a, err := OpenAuditLog(path, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +39,7 @@ func TestAuditLogLines(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				exit := i
-				a.Record(Record{Time: time.Now(), Caller: "caller-a", Tool: NameExec, ArgDigest: "sha256:00", Decision: "allow", Reason: pad, ExitCode: &exit, Bytes: int64(w)})
+				a.Record(Record{Time: time.Now(), Caller: "caller-a", Tool: NameExec, Args: []byte(`{"argv":["true"]}`), Decision: "allow", Reason: pad, ExitCode: &exit, Bytes: int64(w)})
 			}
 		})
 	}
@@ -83,7 +88,7 @@ func TestAuditLogLines(t *testing.T) {
 func TestAuditLogFile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "new.jsonl")
-	a, err := OpenAuditLog(path, nil)
+	a, err := OpenAuditLog(path, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +100,149 @@ func TestAuditLogFile(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Fatalf("a new audit log has mode %v, want 0600", fi.Mode().Perm())
 	}
-	if _, err := OpenAuditLog(dir, nil); err == nil {
+	if _, err := OpenAuditLog(dir, testKey, nil); err == nil {
 		t.Fatal("a directory was accepted as the audit log")
 	}
-	if _, err := OpenAuditLog(filepath.Join(dir, "missing", "x.jsonl"), nil); err == nil || !strings.Contains(err.Error(), "--audit-log") {
+	if _, err := OpenAuditLog(filepath.Join(dir, "missing", "x.jsonl"), testKey, nil); err == nil || !strings.Contains(err.Error(), "--audit-log") {
 		t.Fatalf("an unwritable path: %v", err)
+	}
+}
+
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+// TestAuditDigestIsKeyed: the digest of a call's arguments depends on the
+// server's key, so a reader of the log who guesses the arguments cannot
+// confirm the guess; with the key, spacing does not change it.
+func TestAuditDigestIsKeyed(t *testing.T) {
+	args := []byte(`{"argv":["sh","-c","echo $TOKEN"],"env":{"TOKEN":"hunter2 with spaces"}}`)
+	other := []byte("fedcba9876543210fedcba9876543210")
+	d := AuditDigest(testKey, args)
+	if !strings.HasPrefix(d, "hmac-sha256:") || len(d) != len("hmac-sha256:")+32 {
+		t.Fatalf("digest %q: want hmac-sha256: and 32 hex digits", d)
+	}
+	if AuditDigest(other, args) == d {
+		t.Fatal("two keys give the same digest")
+	}
+	plain := sha256.Sum256(args)
+	if strings.Contains(d, hex.EncodeToString(plain[:8])) {
+		t.Fatal("the digest is the unkeyed SHA-256 of the arguments")
+	}
+	spaced := []byte("{ \"argv\" : [\"sh\", \"-c\",\n \"echo $TOKEN\"],\t\"env\": {\"TOKEN\": \"hunter2 with spaces\"} }\n")
+	if AuditDigest(testKey, spaced) != d {
+		t.Error("whitespace between tokens changed the digest")
+	}
+	// Whitespace inside a string is the argument itself.
+	if AuditDigest(testKey, []byte(`{"argv":["sh","-c","echo $TOKEN"],"env":{"TOKEN":"hunter2  with spaces"}}`)) == d {
+		t.Error("a changed string gave the same digest")
+	}
+	// Escaped quotes do not end a string.
+	a := AuditDigest(testKey, []byte(`{"s":"a\" b"}`))
+	if b := AuditDigest(testKey, []byte(`{"s":"a\"b"}`)); a == b {
+		t.Error("a space after an escaped quote was taken for whitespace between tokens")
+	}
+
+	// The log writes the keyed digest, never the arguments.
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	log, err := OpenAuditLog(path, testKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Record(Record{Time: time.Now(), Tool: NameExec, Args: args, Decision: "allow"})
+	log.Close()
+	raw, _ := os.ReadFile(path)
+	if !strings.Contains(string(raw), `"arg_digest":"`+d+`"`) || strings.Contains(string(raw), "hunter2") {
+		t.Fatalf("audit line: %s", raw)
+	}
+	if _, err := OpenAuditLog(path, nil, nil); err == nil {
+		t.Error("an audit log without a key opened")
+	}
+}
+
+// TestAuditKeyFile: the key is made once, mode 0600, and reused after, so
+// digests stay comparable across restarts.
+func TestAuditKeyFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state") // not there yet
+	if _, err := ReadAuditKey(dir); err == nil {
+		t.Fatal("ReadAuditKey made or found a key in an empty state dir")
+	}
+	k1, err := LoadAuditKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, AuditKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || fi.Size() != AuditKeyBytes {
+		t.Fatalf("key file: mode %v, %d bytes; want 0600 and %d", fi.Mode().Perm(), fi.Size(), AuditKeyBytes)
+	}
+	k2, err := LoadAuditKey(dir) // a restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(k1) != string(k2) {
+		t.Fatal("a restart made a new key")
+	}
+	if other, _ := LoadAuditKey(t.TempDir()); string(other) == string(k1) {
+		t.Fatal("two state dirs got the same key")
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".audit.key-*"))
+	if len(left) > 0 {
+		t.Errorf("temporary key files left: %v", left)
+	}
+
+	// Servers starting together agree on one key.
+	shared := t.TempDir()
+	keys := make([][]byte, 8)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			k, err := LoadAuditKey(shared)
+			if err != nil {
+				t.Error(err)
+			}
+			keys[i] = k
+		})
+	}
+	wg.Wait()
+	for _, k := range keys[1:] {
+		if string(k) != string(keys[0]) {
+			t.Fatal("servers starting together made different keys")
+		}
+	}
+
+	// A key others can read, or a damaged one, is refused with what to do.
+	os.Chmod(filepath.Join(dir, AuditKeyFile), 0o644)
+	if _, err := LoadAuditKey(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a world-readable key: %v", err)
+	}
+	os.WriteFile(filepath.Join(shared, AuditKeyFile), []byte("short"), 0o600)
+	if _, err := LoadAuditKey(shared); err == nil || !strings.Contains(err.Error(), "remove it") {
+		t.Errorf("a short key: %v", err)
+	}
+}
+
+// TestAuditProxySummary: a proxy record says how many requests it stands
+// for, whether it sums up repeated refusals, and where they came from.
+func TestAuditProxySummary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	a, err := OpenAuditLog(path, testKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Proxy(netproxy.Decision{Sandbox: "sb-1", Client: netip.MustParseAddr("198.18.0.2"), Host: "evil.com", Port: 443, Status: 403, Reason: "not allowed", Count: 41, Summary: true})
+	a.Proxy(netproxy.Decision{Sandbox: "sb-1", Host: "api.example.com", Port: 443, Allow: true, Status: 200, Count: 1})
+	a.Close()
+	raw, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	var sum, one map[string]any
+	if len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &sum) != nil || json.Unmarshal([]byte(lines[1]), &one) != nil {
+		t.Fatalf("audit lines: %s", raw)
+	}
+	if sum["count"] != float64(41) || sum["summary"] != true || sum["client"] != "198.18.0.2" || sum["decision"] != "deny" {
+		t.Errorf("summary record: %v", sum)
+	}
+	if one["count"] != float64(1) || one["summary"] != nil || one["decision"] != "allow" {
+		t.Errorf("single record: %v", one)
 	}
 }

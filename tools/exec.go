@@ -16,9 +16,9 @@ import (
 
 // ExecIn is sandbox_exec's input.
 type ExecIn struct {
-	Argv      []string          `json:"argv" jsonschema:"The program and its arguments. argv[0] is looked up on the sandbox's PATH, or is a path relative to cwd. No shell is involved unless you run one."`
+	Argv      []string          `json:"argv" jsonschema:"The program and its arguments. argv[0] is looked up on the sandbox's PATH, or is a path relative to cwd. No shell is involved unless you run one. At most 64 KiB in all: pass larger input on stdin or in a file."`
 	Cwd       string            `json:"cwd,omitempty" jsonschema:"Working directory, relative to /workspace. Default: the workspace root."`
-	Env       map[string]string `json:"env,omitempty" jsonschema:"Extra environment variables for the command."`
+	Env       map[string]string `json:"env,omitempty" jsonschema:"Extra environment variables for the command, at most 64 KiB in all."`
 	Stdin     string            `json:"stdin,omitempty" jsonschema:"Text fed to the command's standard input. Default: empty."`
 	TimeoutMS int64             `json:"timeout_ms,omitempty" jsonschema:"Kill the command (and everything it started) after this many milliseconds."`
 	Sandbox   string            `json:"sandbox,omitempty" jsonschema:"Sandbox id to run in. Default: this session's sandbox."`

@@ -29,13 +29,20 @@ type PolicyView struct {
 	policy.Policy
 	ExecTimeoutMS    int64    `json:"exec_timeout_ms"`
 	MaxExecTimeoutMS int64    `json:"max_exec_timeout_ms"`
+	MaxArgvBytes     int      `json:"max_argv_bytes"`
+	MaxEnvBytes      int      `json:"max_env_bytes"`
 	Image            string   `json:"image,omitempty"`
 	EnvNames         []string `json:"env,omitempty"`
+	// The HTTP transport's caps; absent over stdio.
+	MaxSessions          int `json:"max_sessions,omitempty"`
+	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
+	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
 }
 
 // ViewOf returns the resource view of p.
 func ViewOf(p policy.Policy, image string, env []string) PolicyView {
-	v := PolicyView{Policy: p, ExecTimeoutMS: p.ExecTimeout.Milliseconds(), MaxExecTimeoutMS: p.MaxExecTimeout.Milliseconds(), Image: image}
+	v := PolicyView{Policy: p, ExecTimeoutMS: p.ExecTimeout.Milliseconds(), MaxExecTimeoutMS: p.MaxExecTimeout.Milliseconds(), Image: image,
+		MaxArgvBytes: policy.MaxArgvBytes, MaxEnvBytes: policy.MaxEnvBytes}
 	for _, e := range env {
 		name, _, _ := strings.Cut(e, "=")
 		v.EnvNames = append(v.EnvNames, name)

@@ -11,8 +11,6 @@ package tools
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,11 +49,14 @@ type Record struct {
 	Sandbox   string    `json:"sandbox,omitempty"`
 	Tool      string    `json:"tool"`
 	ArgDigest string    `json:"arg_digest"`
-	Decision  string    `json:"decision"` // allow or deny
-	Reason    string    `json:"reason,omitempty"`
-	ExitCode  *int      `json:"exit_code,omitempty"`
-	Bytes     int64     `json:"bytes"`
-	Duration  float64   `json:"duration_ms"`
+	// Args are the call's arguments as received; the audit log records
+	// only their keyed digest (AuditLog.Digest).
+	Args     json.RawMessage `json:"-"`
+	Decision string          `json:"decision"` // allow or deny
+	Reason   string          `json:"reason,omitempty"`
+	ExitCode *int            `json:"exit_code,omitempty"`
+	Bytes    int64           `json:"bytes"`
+	Duration float64         `json:"duration_ms"`
 }
 
 // toolError is a failure the model can act on. Its text is "CODE: message".
@@ -149,8 +150,8 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 		}
 		d.Logger.Info("tool call", attrs...)
 		if d.Audit != nil {
-			// Hashing megabytes of arguments is work only the audit log needs.
-			rec.ArgDigest = digest(req.Params.Arguments)
+			// Hashing megabytes of arguments is work only the audit log does.
+			rec.Args = req.Params.Arguments
 			d.Audit(rec)
 		}
 		if err != nil {
@@ -182,13 +183,6 @@ func sessionID(req *mcp.CallToolRequest) string {
 		return id
 	}
 	return "stdio"
-}
-
-// digest is a short SHA-256 of a call's arguments: enough to match an audit
-// record with a call, without storing secrets.
-func digest(args json.RawMessage) string {
-	sum := sha256.Sum256(args)
-	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
 // Sessions maps MCP sessions to sandboxes. It is the only place that knows

@@ -20,6 +20,10 @@ func main() {
 		fmt.Println(agent.BuildVersion)
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == ProbeIOURing {
+		probeIOURing(os.Stdout)
+		return
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	workspace := os.Getenv("SANDBOX_MCP_WORKSPACE")
 	if workspace == "" {

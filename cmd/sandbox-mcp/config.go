@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -51,6 +52,11 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
+	// SeccompProfileFile names a seccomp profile (JSON) for sandboxes in
+	// place of the engine's default ("" keeps the default); SeccompProfile
+	// is its content, read and checked when the configuration is parsed.
+	SeccompProfileFile string
+	SeccompProfile     string
 	// NetworkPool is where sandbox networks take their subnets.
 	NetworkPool netip.Prefix
 	// Warm is the number of sandbox containers kept started ahead of need.
@@ -104,9 +110,11 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
 	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sessions)")
-	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed)")
-	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir; the oldest go first (0: no limit)")
-	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept; the oldest go first (0: no limit)")
+	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed, a file hard-linked from outside it refused)")
+	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir in all; past it, the oldest of the caller holding the most go first (0: no limit)")
+	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept in all, those being written included; past it, the oldest of the caller holding the most go first (0: no limit)")
+	fs.IntVar(&cfg.Retention.PerCallerCount, "snapshot-max-count-per-caller", cfg.Retention.PerCallerCount, "snapshots one caller keeps; past it, that caller's oldest go first (0: a quarter of --snapshot-max-count over --http, all of it over stdio)")
+	fs.Var(&bytesValue{&cfg.Retention.PerCallerBytes}, "snapshot-max-bytes-per-caller", "total `bytes` of one caller's snapshots; past it, that caller's oldest go first (0: a quarter of --snapshot-max-bytes over --http, all of it over stdio)")
 	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
@@ -114,6 +122,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
+	fs.StringVar(&cfg.SeccompProfileFile, "seccomp-profile", cfg.SeccompProfileFile, "seccomp profile `file` (JSON) for sandboxes in place of the engine's default, e.g. examples/seccomp-no-io_uring.json")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "JSON config `file`: an object whose keys are flag names (flags and the environment win over it)")
 	f.addTransportFlags(cfg)
@@ -181,7 +190,50 @@ func parseConfig(args []string, getenv func(string) string) (Config, []string, e
 	}
 	cfg.ConfigFile = file
 	cfg.Env = f.env.resolved
-	return cfg, f.fs.Args(), cfg.Validate()
+	err := cfg.Validate()
+	if cfg.SeccompProfileFile != "" {
+		var perr error
+		cfg.SeccompProfile, perr = loadSeccompProfile(cfg.SeccompProfileFile)
+		err = errors.Join(err, perr)
+	}
+	return cfg, f.fs.Args(), err
+}
+
+// maxSeccompProfile bounds the profile file read at start; the engine's
+// default profile is under 20 KiB.
+const maxSeccompProfile = 1 << 20
+
+// loadSeccompProfile reads a seccomp profile and checks that it is one: a
+// JSON object with a defaultAction. It returns the profile compacted, as
+// the engine receives it.
+func loadSeccompProfile(path string) (string, error) {
+	const hint = "give a JSON seccomp profile such as examples/seccomp-no-io_uring.json (the engine's default without io_uring)"
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("--seccomp-profile: %w; %s", err, hint)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSeccompProfile+1))
+	if err != nil {
+		return "", fmt.Errorf("--seccomp-profile %s: %w", path, err)
+	}
+	if len(b) > maxSeccompProfile {
+		return "", fmt.Errorf("--seccomp-profile %s is larger than %d bytes; %s", path, maxSeccompProfile, hint)
+	}
+	var profile struct {
+		DefaultAction string `json:"defaultAction"`
+	}
+	if err := json.Unmarshal(b, &profile); err != nil {
+		return "", fmt.Errorf("--seccomp-profile %s is not a JSON object (%v); %s", path, err, hint)
+	}
+	if profile.DefaultAction == "" {
+		return "", fmt.Errorf("--seccomp-profile %s has no \"defaultAction\"; %s", path, hint)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
+		return "", fmt.Errorf("--seccomp-profile %s: %w", path, err)
+	}
+	return compact.String(), nil
 }
 
 func (f *flagSet) applyFile(path string) error {
@@ -279,13 +331,36 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--workspace-from %s is not a directory", c.WorkspaceFrom))
 		}
 	}
-	if c.Retention.MaxCount < 0 || c.Retention.MaxBytes < 0 || c.Retention.MaxAge < 0 {
-		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes and --snapshot-max-age must not be negative"))
+	if r := c.Retention; r.MaxCount < 0 || r.MaxBytes < 0 || r.MaxAge < 0 || r.PerCallerCount < 0 || r.PerCallerBytes < 0 {
+		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes, --snapshot-max-age and their -per-caller forms must not be negative"))
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))
 	}
-	errs = append(errs, c.HTTP.Validate(), tokensNotInEnv(c.HTTP.Tokens, c.Env))
+	errs = append(errs, c.HTTP.Validate(), checkEnv(c.Env, c.HTTP.Tokens))
+	return errors.Join(errs...)
+}
+
+// checkEnv refuses --env variables that would hand the server's own
+// configuration to every sandbox: a variable named SANDBOX_MCP_* (in either
+// form, NAME=VALUE or NAME), or a value that holds an HTTP token anywhere in
+// it (so a token list, or a token inside a URL, is refused too). No message
+// quotes a value.
+func checkEnv(env, tokens []string) error {
+	var errs []error
+	for _, kv := range env {
+		name, val, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(strings.ToUpper(name), EnvPrefix) {
+			errs = append(errs, fmt.Errorf("--env %s: variables named %s* configure this server (its tokens among them) and never enter a sandbox; give the sandboxes what they need under another name", name, EnvPrefix))
+			continue
+		}
+		for _, t := range tokens {
+			if t != "" && strings.Contains(val, t) {
+				errs = append(errs, fmt.Errorf("--env %s: its value contains an HTTP token (--token or %s), and every sandbox would see it; pass the sandboxes a value that holds no token", name, EnvVar("token")))
+				break
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -467,4 +542,24 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is too large", s)
 	}
 	return n << shift, nil
+}
+
+// SnapshotRetention is the retention the server applies: a per-caller cap
+// left at 0 is a quarter of the total over --http, where callers share the
+// state directory, and the total itself over stdio, which has one caller.
+func (c Config) SnapshotRetention() session.Retention {
+	r := c.Retention
+	share := func(total int64) int64 {
+		if c.HTTP.Addr == "" || total == 0 {
+			return total
+		}
+		return max(total/4, 1)
+	}
+	if r.PerCallerCount == 0 {
+		r.PerCallerCount = int(share(int64(r.MaxCount)))
+	}
+	if r.PerCallerBytes == 0 {
+		r.PerCallerBytes = share(r.MaxBytes)
+	}
+	return r
 }

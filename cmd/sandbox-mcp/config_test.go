@@ -100,6 +100,93 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 }
 
+// TestEnvNeverCarriesServerSecrets: --env refuses the server's own
+// variables in any form, and any value holding an HTTP token, so no
+// sandbox sees a token; the refusal names the variable, never the value.
+func TestEnvNeverCarriesServerSecrets(t *testing.T) {
+	tokA, tokB := "token-a-0123456789abcdef", "token-b-fedcba9876543210"
+	server := map[string]string{
+		"HOME":              t.TempDir(),
+		"SANDBOX_MCP_TOKEN": tokA + "," + tokB,
+		"COPY":              tokA + "," + tokB,
+		"ONE":               tokB,
+		"HARMLESS":          "fine",
+	}
+	for _, tc := range []struct {
+		args []string
+		want string // "" for accepted
+	}{
+		{[]string{"--env", "SANDBOX_MCP_TOKEN"}, "SANDBOX_MCP_* configure this server"},
+		{[]string{"--env", "SANDBOX_MCP_TOKEN=" + tokA}, "SANDBOX_MCP_* configure this server"},
+		{[]string{"--env", "SANDBOX_MCP_IMAGE=busybox"}, "SANDBOX_MCP_* configure this server"},
+		{[]string{"--env", "sandbox_mcp_token"}, "SANDBOX_MCP_* configure this server"},
+		{[]string{"--env", "COPY"}, "--env COPY: its value contains an HTTP token"},
+		{[]string{"--env", "ONE"}, "--env ONE: its value contains an HTTP token"},
+		{[]string{"--env", "URL=https://user:" + tokB + "@git.example.com/"}, "--env URL: its value contains an HTTP token"},
+		{[]string{"--env", "HARMLESS", "--env", "TOKENISH=token-a"}, ""},
+	} {
+		args := append([]string{"--http", "127.0.0.1:0"}, tc.args...)
+		cfg, err := ParseConfig(args, envFrom(server))
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("ParseConfig(%q) = %v, want it accepted", tc.args, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseConfig(%q) = %v (env %v), want an error with %q", tc.args, err, cfg.Env, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), tokA) || strings.Contains(err.Error(), tokB) {
+			t.Errorf("the refusal quotes a token: %v", err)
+		}
+	}
+	// Over stdio there are no tokens, and the server's variables stay out
+	// all the same.
+	if _, err := ParseConfig([]string{"--env", "SANDBOX_MCP_STATE_DIR=/x"}, envFrom(map[string]string{"HOME": t.TempDir()})); err == nil {
+		t.Error("--env SANDBOX_MCP_STATE_DIR=/x accepted over stdio")
+	}
+}
+
+// TestSeccompProfileFlag: --seccomp-profile is read and checked at start,
+// with an error that says what to give; the example profile passes and is
+// the engine's default without io_uring.
+func TestSeccompProfileFlag(t *testing.T) {
+	dir := t.TempDir()
+	env := envFrom(map[string]string{"HOME": dir})
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for path, want := range map[string]string{
+		filepath.Join(dir, "missing.json"):      "no such file",
+		write("yaml.json", "defaultAction: x"):  "is not a JSON object",
+		write("list.json", "[1, 2]"):            "is not a JSON object",
+		write("empty.json", `{"syscalls": []}`): `has no "defaultAction"`,
+	} {
+		_, err := ParseConfig([]string{"--seccomp-profile", path}, env)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "examples/seccomp-no-io_uring.json") {
+			t.Errorf("--seccomp-profile %s: %v, want %q and the example to use", filepath.Base(path), err, want)
+		}
+	}
+
+	example := filepath.Join(testenv.RepoRoot(), "examples", "seccomp-no-io_uring.json")
+	cfg, err := ParseConfig([]string{"--seccomp-profile", example}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SeccompProfileFile != example || !strings.HasPrefix(cfg.SeccompProfile, `{"defaultAction":"SCMP_ACT_ERRNO",`) ||
+		strings.Contains(cfg.SeccompProfile, "io_uring") || !strings.Contains(cfg.SeccompProfile, `"openat2"`) {
+		t.Fatalf("the example profile: file %q, profile %.120q", cfg.SeccompProfileFile, cfg.SeccompProfile)
+	}
+	if cfg, _ := ParseConfig(nil, env); cfg.SeccompProfile != "" {
+		t.Fatal("a profile without --seccomp-profile")
+	}
+}
+
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{"0": 0, "1048576": 1 << 20, "512KiB": 512 << 10, "8MiB": 8 << 20, "1GiB": 1 << 30, "1g": 1 << 30, "64m": 64 << 20, "2 MB": 2 << 20} {
 		if got, err := ParseBytes(in); err != nil || got != want {

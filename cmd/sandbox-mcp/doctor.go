@@ -104,6 +104,7 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 	m, err := session.NewManager(ctx, session.Options{
 		Client: cli, Image: cfg.Image, AgentBinary: cfg.AgentBin, Policy: cfg.Policy,
 		StateDir: cfg.StateDir, Runtime: cfg.Runtime, Instance: "doctor", NetworkPool: cfg.NetworkPool,
+		SeccompProfile: cfg.SeccompProfile,
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)
@@ -134,11 +135,43 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 				first.Round(time.Millisecond), time.Since(start).Round(100*time.Microsecond))
 		}
 	}
+	if !failed {
+		if msg, allowed := checkIOURing(ctx, sb, cfg.SeccompProfileFile); allowed {
+			warn("%s", msg)
+		} else {
+			ok("%s", msg)
+		}
+	}
 	m.Release("doctor")
 	if failed {
 		return 1
 	}
 	return 0
+}
+
+// checkIOURing runs the agent's io_uring probe in a sandbox: io_uring has
+// been a rich source of kernel escapes, and the engine's default seccomp
+// profile allows it before Docker 25. It returns what to print, and whether
+// sandboxes can use io_uring (a warning). A probe that cannot run is a
+// warning too: the answer is unknown.
+func checkIOURing(ctx context.Context, sb *session.Sandbox, profileFile string) (msg string, allowed bool) {
+	profile := "the engine's default seccomp profile"
+	if profileFile != "" {
+		profile = "--seccomp-profile " + profileFile
+	}
+	res, err := sb.Exec(ctx, session.ExecRequest{Argv: []string{session.AgentPath, "probe-io-uring"}, Cwd: ".", Timeout: 30 * time.Second, MaxOutput: 4 << 10})
+	out := strings.TrimSpace(string(res.Stdout))
+	switch {
+	case err != nil || res.ExitCode != 0:
+		return fmt.Sprintf("could not check whether sandboxes can use io_uring (%v, exit %d, %q)", err, res.ExitCode, out), true
+	case out == "allowed":
+		return "sandboxes can call io_uring_setup under " + profile + " (Docker before 25.0 allows io_uring, a frequent source of kernel exploits): " +
+			"use a newer engine, or start sandbox-mcp with --seccomp-profile examples/seccomp-no-io_uring.json (the engine's default profile without io_uring)", true
+	case strings.HasPrefix(out, "blocked: "):
+		return fmt.Sprintf("sandboxes cannot use io_uring under %s (io_uring_setup: %s)", profile, strings.TrimPrefix(out, "blocked: ")), false
+	default:
+		return fmt.Sprintf("could not check whether sandboxes can use io_uring: the probe answered %q", out), true
+	}
 }
 
 func orUnknown(s string) string {

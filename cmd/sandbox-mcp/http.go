@@ -4,19 +4,20 @@ package main
 // its own sandbox, safe to put on a network.
 //
 // A request to /mcp passes, in order: the Host allowlist (403), the Origin
-// allowlist (403), the bearer token (401), then, for a new session, the
-// session cap (503), and for a DELETE, the removal of the session's sandbox,
-// before the go-sdk's handler sees it. /healthz answers probes without any
-// of that and says nothing but "ok".
+// allowlist (403), the bearer token (401), then, for a request that may open
+// a session, the session caps (503 for --max-sessions, 429 for
+// --max-sessions-per-caller), and for a DELETE, the removal of the session's
+// sandbox, before the go-sdk's handler sees it. Inside the SDK, a caller's
+// tool calls and resource reads in flight are capped
+// (--max-calls-per-caller). /healthz answers probes without any of that and
+// says nothing but "ok".
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,7 +49,7 @@ const (
 	// httpDrainTimeout bounds the wait for connections to go idle at
 	// shutdown, once every call has been ended.
 	httpDrainTimeout = 10 * time.Second
-	// retryAfter is what a client refused for the session cap is told to
+	// retryAfter is what a client refused for a session cap is told to
 	// wait.
 	retryAfter = 30 * time.Second
 	// bearerChallenge is the WWW-Authenticate value of every 401.
@@ -118,6 +119,7 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.A
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+addr.String()+mcpPath,
 		"callers", len(g.tokens), "allow_origin", strings.Join(cfg.HTTP.AllowOrigins, ","),
 		"http_allow_host", strings.Join(cfg.HTTP.AllowHosts, ","), "max_sessions", cfg.HTTP.MaxSessions,
+		"max_sessions_per_caller", cfg.HTTP.SessionsPerCaller(), "max_calls_per_caller", cfg.HTTP.CallsPerCaller(),
 		"max_request_bytes", g.maxBody, "idle_timeout", cfg.IdleTimeout)
 
 	select {
@@ -200,18 +202,13 @@ type guard struct {
 	origins map[string]bool // normalized extra origins allowed
 	tokens  []credential    // none: no authentication (loopback only)
 	maxBody int64
-	max     int           // --max-sessions
 	idle    time.Duration // --idle-timeout, for messages
 
-	server   *mcp.Server
 	sessions *tools.Sessions
+	quota    *sessionQuota
 	mcp      http.Handler // the SDK's streamable handler
 	authed   http.Handler // token check, then serveMCP
 	log      *slog.Logger
-
-	// slots has room for --max-sessions sessions: an initialize takes a
-	// place, which its session gives back when it ends.
-	slots chan struct{}
 }
 
 // newGuard builds the request checks for a server listening on addr.
@@ -220,13 +217,12 @@ func newGuard(cfg Config, addr *net.TCPAddr, server *mcp.Server, sessions *tools
 		hosts:    map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true},
 		origins:  map[string]bool{},
 		maxBody:  maxRequestBody(cfg.Policy.MaxFileBytes),
-		max:      cfg.HTTP.MaxSessions,
-		slots:    make(chan struct{}, cfg.HTTP.MaxSessions),
 		idle:     cfg.IdleTimeout,
-		server:   server,
 		sessions: sessions,
+		quota:    newSessionQuota(server, cfg.HTTP.MaxSessions, cfg.HTTP.SessionsPerCaller()),
 		log:      log,
 	}
+	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(cfg.HTTP.CallsPerCaller(), log).limit)
 	names := append([]string{addr.IP.String()}, cfg.HTTP.AllowHosts...)
 	if host, _, err := net.SplitHostPort(cfg.HTTP.Addr); err == nil && host != "" {
 		names = append(names, host)
@@ -336,95 +332,41 @@ func (g *guard) verify(_ context.Context, token string, r *http.Request) (*auth.
 	return &auth.TokenInfo{UserID: caller}, nil
 }
 
-// serveMCP hands an authenticated request to the SDK, after enforcing the
-// session cap on a new session and ending a deleted session's calls.
+// serveMCP hands an authenticated request to the SDK, after admitting a
+// request that may open a session under the session caps, and ending a
+// deleted session's calls.
 func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
+	caller := ""
+	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
+		caller = ti.UserID
+	}
 	id := r.Header.Get("Mcp-Session-Id")
 	switch {
 	case r.Method == http.MethodDelete && id != "":
 		// The SDK's DELETE waits for the session's calls to return:
 		// remove the sandbox first, which ends them. Another caller's
 		// session is left to the SDK, which answers 403.
-		caller := ""
-		if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
-			caller = ti.UserID
-		}
 		if g.sessions.End(id, caller) {
 			g.log.Info("session deleted: its sandbox was removed", "session", id)
 		}
 	case r.Method == http.MethodPost && id == "":
-		// A new session: an initialize needs room under the cap.
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.maxBody))
-		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				g.refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body exceeds %d bytes", tooLarge.Limit))
-			} else {
-				g.refuse(w, r, http.StatusBadRequest, "reading the request body: "+err.Error())
-			}
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if !isInitialize(body) {
-			break // the SDK serves it with a session that ends with the request
-		}
-		select {
-		case g.slots <- struct{}{}:
-		default:
+		// The one request from which the SDK makes a session (it looks
+		// the header up the same way), whatever its body holds.
+		admitted, done, refused := g.quota.admit(r, caller)
+		if refused != nil {
 			w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter.Seconds())))
 			idle := "sessions idle for " + g.idle.String() + " end by themselves"
 			if g.idle <= 0 {
 				idle = "idle sessions never end (--idle-timeout 0)"
 			}
-			g.refuse(w, r, http.StatusServiceUnavailable, fmt.Sprintf(
-				"BUSY: this server already serves %d sessions, its limit (--max-sessions); retry in %s, or end a session you no longer use (HTTP DELETE); %s",
-				g.max, retryAfter, idle))
+			g.refuse(w, r, refused.status, fmt.Sprintf("BUSY: %s; retry in %s, or end a session you no longer use (HTTP DELETE); %s",
+				refused.msg, retryAfter, idle))
 			return
 		}
-		g.mcp.ServeHTTP(w, r)
-		g.keepSlot(w.Header().Get("Mcp-Session-Id"))
-		return
+		defer done()
+		r = admitted
 	}
 	g.mcp.ServeHTTP(w, r)
-}
-
-// keepSlot hands the place taken for an initialize to the session it
-// opened, which gives it back when it ends; if no session lives on (the
-// initialize failed), the place is given back at once.
-func (g *guard) keepSlot(sessionID string) {
-	if sessionID != "" {
-		for ss := range g.server.Sessions() {
-			if ss.ID() == sessionID {
-				go func() {
-					_ = ss.Wait()
-					<-g.slots
-				}()
-				return
-			}
-		}
-	}
-	<-g.slots
-}
-
-// isInitialize reports whether a JSON-RPC body (one message or a batch)
-// holds an initialize request.
-func isInitialize(body []byte) bool {
-	type message struct {
-		Method string `json:"method"`
-	}
-	var one message
-	if json.Unmarshal(body, &one) == nil {
-		return one.Method == "initialize"
-	}
-	var batch []message
-	if json.Unmarshal(body, &batch) == nil {
-		for _, m := range batch {
-			if m.Method == "initialize" {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // hostAllowed reports whether a Host header names this server.

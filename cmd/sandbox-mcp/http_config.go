@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"slices"
 	"strings"
 )
 
@@ -16,6 +15,10 @@ const (
 	// MinTokenLength is the shortest bearer token accepted: a token is
 	// the only thing between the network and a shell.
 	MinTokenLength = 16
+	// callsPerSession is --max-calls-per-caller's default per session a
+	// caller may hold: a model mostly waits for one call at a time, and
+	// sometimes runs a few side by side.
+	callsPerSession = 2
 )
 
 // HTTPConfig is the streamable HTTP transport's part of the configuration.
@@ -33,6 +36,45 @@ type HTTPConfig struct {
 	AllowHosts []string
 	// MaxSessions caps the MCP sessions, and so the sandboxes, alive at once.
 	MaxSessions int
+	// MaxSessionsPerCaller caps the sessions one caller (one token) holds
+	// at once. 0 means the default, see SessionsPerCaller.
+	MaxSessionsPerCaller int
+	// MaxCallsPerCaller caps the tool calls and resource reads one caller
+	// has in flight at once. 0 means the default, see CallsPerCaller.
+	MaxCallsPerCaller int
+}
+
+// SessionsPerCaller returns the effective --max-sessions-per-caller: as
+// set, or by default a quarter of --max-sessions (at least 1) when --token
+// names several callers, so that no one of them can take every place; with
+// one caller or none, all of --max-sessions.
+func (h HTTPConfig) SessionsPerCaller() int {
+	switch {
+	case h.MaxSessionsPerCaller > 0:
+		return h.MaxSessionsPerCaller
+	case h.callers() < 2:
+		return h.MaxSessions
+	default:
+		return max(1, h.MaxSessions/4)
+	}
+}
+
+// callers counts the distinct tokens: the callers the server tells apart.
+func (h HTTPConfig) callers() int {
+	seen := make(map[string]bool, len(h.Tokens))
+	for _, t := range h.Tokens {
+		seen[t] = true
+	}
+	return len(seen)
+}
+
+// CallsPerCaller returns the effective --max-calls-per-caller: as set, or
+// by default twice the sessions a caller may hold.
+func (h HTTPConfig) CallsPerCaller() int {
+	if h.MaxCallsPerCaller > 0 {
+		return h.MaxCallsPerCaller
+	}
+	return callsPerSession * h.SessionsPerCaller()
 }
 
 // addTransportFlags adds the flags of the HTTP transport and the audit log.
@@ -44,6 +86,8 @@ func (f *flagSet) addTransportFlags(cfg *Config) {
 	fs.Var(&listValue{v: &h.AllowOrigins, f: f}, "allow-origin", "comma `list` (repeatable) of web origins (scheme://host[:port]) allowed to call --http besides its own; a request with any other Origin gets 403")
 	fs.Var(&listValue{v: &h.AllowHosts, f: f}, "http-allow-host", "comma `list` (repeatable) of host names --http answers to besides localhost and its listen address, e.g. the name of the reverse proxy in front of it; any other Host gets 403")
 	fs.IntVar(&h.MaxSessions, "max-sessions", h.MaxSessions, "MCP sessions (each with its sandbox) served at once over --http; a new session beyond it gets 503")
+	fs.IntVar(&h.MaxSessionsPerCaller, "max-sessions-per-caller", h.MaxSessionsPerCaller, "MCP sessions one caller (one --token) holds at once; a new session beyond it gets 429 (0: a quarter of --max-sessions, at least 1, when --token names several callers; all of --max-sessions otherwise)")
+	fs.IntVar(&h.MaxCallsPerCaller, "max-calls-per-caller", h.MaxCallsPerCaller, "tool calls and resource reads one caller (one --token) has in flight at once over --http; more get BUSY (0: twice --max-sessions-per-caller)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", cfg.AuditLog, "append a JSON line per tool call to this `file` (created with mode 0600)")
 }
 
@@ -58,6 +102,15 @@ func (h HTTPConfig) Validate() error {
 	var errs []error
 	if h.MaxSessions < 1 {
 		errs = append(errs, fmt.Errorf("--max-sessions must be at least 1 (got %d)", h.MaxSessions))
+	}
+	if h.MaxSessionsPerCaller < 0 {
+		errs = append(errs, fmt.Errorf("--max-sessions-per-caller must not be negative (got %d; 0 picks the default)", h.MaxSessionsPerCaller))
+	} else if h.MaxSessionsPerCaller > h.MaxSessions && h.MaxSessions >= 1 {
+		errs = append(errs, fmt.Errorf("--max-sessions-per-caller %d is above --max-sessions %d, which caps every caller together; lower it, or raise --max-sessions",
+			h.MaxSessionsPerCaller, h.MaxSessions))
+	}
+	if h.MaxCallsPerCaller < 0 {
+		errs = append(errs, fmt.Errorf("--max-calls-per-caller must not be negative (got %d; 0 picks the default)", h.MaxCallsPerCaller))
 	}
 	if h.Addr != "" {
 		if _, _, err := net.SplitHostPort(h.Addr); err != nil {
@@ -120,16 +173,4 @@ func normalizeHostName(h string) (string, error) {
 		return "", errors.New("want a host name or address, e.g. mcp.example.com")
 	}
 	return h, nil
-}
-
-// tokensNotInEnv refuses an --env variable whose value is an HTTP token:
-// every sandbox would see it.
-func tokensNotInEnv(tokens, env []string) error {
-	for _, kv := range env {
-		name, val, _ := strings.Cut(kv, "=")
-		if slices.Contains(tokens, val) {
-			return fmt.Errorf("--env %s: its value is one of the --token tokens, and every sandbox would see it; pass the sandboxes another value", name)
-		}
-	}
-	return nil
 }

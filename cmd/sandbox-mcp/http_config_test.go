@@ -232,3 +232,60 @@ func TestHTTPExamples(t *testing.T) {
 		}
 	}
 }
+
+func TestPerCallerQuotas(t *testing.T) {
+	two := "SANDBOX_MCP_TOKEN=" + "tok-one-0123456789abc,tok-two-0123456789abc"
+	for _, tc := range []struct {
+		env             []string
+		args            []string
+		sessions, calls int
+	}{
+		// Several callers: a quarter each, and twice that in calls.
+		{[]string{two}, nil, 8, 16},
+		{[]string{two}, []string{"--max-sessions", "3"}, 1, 2},
+		{[]string{two}, []string{"--max-sessions", "10"}, 2, 4},
+		// One caller (or none, on loopback) may use every place.
+		{nil, nil, 32, 64},
+		{[]string{"SANDBOX_MCP_TOKEN=tok-one-0123456789abc"}, nil, 32, 64},
+		{[]string{"SANDBOX_MCP_TOKEN=tok-one-0123456789abc,tok-one-0123456789abc"}, nil, 32, 64},
+		// Set: as set, by flag, environment or config file.
+		{[]string{two}, []string{"--max-sessions-per-caller", "5"}, 5, 10},
+		{[]string{two}, []string{"--max-calls-per-caller", "3"}, 8, 3},
+		{[]string{two, "SANDBOX_MCP_MAX_SESSIONS_PER_CALLER=4", "SANDBOX_MCP_MAX_CALLS_PER_CALLER=7"}, nil, 4, 7},
+	} {
+		env := map[string]string{"HOME": t.TempDir()}
+		for _, kv := range tc.env {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		cfg, err := ParseConfig(tc.args, envFrom(env))
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.env, tc.args, err)
+		}
+		if s, c := cfg.HTTP.SessionsPerCaller(), cfg.HTTP.CallsPerCaller(); s != tc.sessions || c != tc.calls {
+			t.Errorf("%v %v: %d sessions and %d calls per caller, want %d and %d", tc.env, tc.args, s, c, tc.sessions, tc.calls)
+		}
+	}
+
+	file := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(file, []byte(`{"max-sessions-per-caller": 3, "max-calls-per-caller": 9}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig([]string{"--config", file}, envFrom(map[string]string{"HOME": t.TempDir()}))
+	if err != nil || cfg.HTTP.SessionsPerCaller() != 3 || cfg.HTTP.CallsPerCaller() != 9 {
+		t.Fatalf("from the config file: %d %d %v", cfg.HTTP.SessionsPerCaller(), cfg.HTTP.CallsPerCaller(), err)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-sessions-per-caller", "-1"}, "--max-sessions-per-caller must not be negative"},
+		{[]string{"--max-sessions", "4", "--max-sessions-per-caller", "5"}, "--max-sessions-per-caller 5 is above --max-sessions 4"},
+		{[]string{"--max-calls-per-caller", "-2"}, "--max-calls-per-caller must not be negative"},
+	} {
+		if _, err := ParseConfig(tc.args, envFrom(map[string]string{"HOME": t.TempDir()})); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseConfig(%q) = %v, want it to mention %q", tc.args, err, tc.want)
+		}
+	}
+}

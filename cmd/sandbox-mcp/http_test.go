@@ -477,10 +477,11 @@ func TestHTTPNonLoopback(t *testing.T) {
 // 2026-07-28 fall back to 2025-11-25, and the audit log records calls.
 func TestHTTPCallers(t *testing.T) {
 	auditPath := t.TempDir() + "/audit.jsonl"
+	stateDir := t.TempDir()
 	const envSecret = "env-secret-value-4e1f"
 	s := startHTTP(t, httpOpts{
 		env:  []string{"SANDBOX_MCP_TOKEN=" + tokenA + "," + tokenB, "GIVEN=" + envSecret},
-		args: []string{"--audit-log", auditPath, "--env", "GIVEN"},
+		args: []string{"--audit-log", auditPath, "--env", "GIVEN", "--state-dir", stateDir},
 	})
 	a := s.connect(tokenA)
 	if v := a.cs.InitializeResult().ProtocolVersion; v != "2025-11-25" {
@@ -598,8 +599,16 @@ func TestHTTPCallers(t *testing.T) {
 	})
 	if allowed["kind"] != "tool_call" || allowed["caller"] != callerID(tokenA) || allowed["session"] != a.cs.ID() ||
 		allowed["decision"] != "allow" || allowed["exit_code"] != float64(0) || allowed["bytes"].(float64) <= 0 ||
-		!strings.HasPrefix(allowed["arg_digest"].(string), "sha256:") {
+		!strings.HasPrefix(allowed["arg_digest"].(string), "hmac-sha256:") {
 		t.Errorf("allowed exec record: %v", allowed)
+	}
+	// The operator checks a digest with the server's key.
+	written := find(func(m map[string]any) bool { return m["tool"] == "sandbox_write_file" && m["sandbox"] == idA })
+	check := exec.Command(bins.Server, "audit", "digest", "--state-dir", stateDir)
+	check.Env = serverEnv(t)
+	check.Stdin = strings.NewReader(`{"content": "alpha", "path": "mine.txt"}` + "\n")
+	if out, err := check.Output(); err != nil || strings.TrimSpace(string(out)) != written["arg_digest"] {
+		t.Errorf("audit digest of the write's arguments = %q (%v), the record has %v", out, err, written["arg_digest"])
 	}
 	if _, err := time.Parse(time.RFC3339Nano, allowed["time"].(string)); err != nil {
 		t.Errorf("time: %v", err)

@@ -62,6 +62,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return doctor(ctx, args[1:], stdout, getenv)
 		case "snapshot":
 			return snapshotCmd(args[1:], stdout, stderr, getenv)
+		case "audit":
+			return auditCmd(args[1:], stdin, stdout, stderr, getenv)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0
@@ -78,7 +80,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	var audit *tools.AuditLog
 	if cfg.AuditLog != "" {
-		if audit, err = tools.OpenAuditLog(cfg.AuditLog, log); err != nil {
+		key, err := tools.LoadAuditKey(cfg.StateDir)
+		if err == nil {
+			audit, err = tools.OpenAuditLog(cfg.AuditLog, key, log)
+		}
+		if err != nil {
 			log.Error("sandbox-mcp not started", "err", err)
 			return 1
 		}
@@ -106,6 +112,7 @@ Usage:
   sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
   sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
   sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
+  sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
   sandbox-mcp version         print the version
 
 Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
@@ -168,9 +175,11 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 		MaxSandboxes:  cfg.HTTP.MaxSessions,
 		Warm:          cfg.Warm,
 		WorkspaceFrom: cfg.WorkspaceFrom,
-		Retention:     cfg.Retention,
+		Retention:     cfg.SnapshotRetention(),
 		Logger:        log,
 	}
+	// The profile's JSON, read and checked with the configuration.
+	opts.SeccompProfile = cfg.SeccompProfile
 	if audit != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
 	}
@@ -191,9 +200,15 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 		Logger:                    log,
 		SupportedProtocolVersions: protocolVersions,
 	})
+	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	if cfg.HTTP.Addr != "" {
+		view.MaxSessions = cfg.HTTP.MaxSessions
+		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
+		view.MaxCallsPerCaller = cfg.HTTP.CallsPerCaller()
+	}
 	deps := &tools.Deps{
 		Policy:     cfg.Policy,
-		PolicyView: tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env),
+		PolicyView: view,
 		Sessions:   sessions,
 		Logger:     log,
 	}
@@ -259,5 +274,6 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"max_inflight_bytes", p.MaxInflightBytes, "max_session_inflight_bytes", p.MaxSessionInflightBytes,
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
-		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime)
+		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
+		"seccomp_profile", cfg.SeccompProfileFile)
 }

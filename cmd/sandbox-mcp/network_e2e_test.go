@@ -261,3 +261,57 @@ func TestProxyDecisionsAudited(t *testing.T) {
 		t.Fatalf("deny record: %v", deny)
 	}
 }
+
+// TestProxyRefusalFloodIsBounded: a sandbox that loops on refused CONNECTs
+// gets each one answered, but the server's log and audit log grow by a
+// bounded number of records whose counts add up to the refusals.
+func TestProxyRefusalFloodIsBounded(t *testing.T) {
+	name, _ := os.Hostname()
+	audit := filepath.Join(t.TempDir(), "audit.jsonl")
+	s := startServer(t, serverOpts{args: []string{"--network", "allowlist", "--allow-host", name + ":1", "--audit-log", audit}})
+	const loops, each = 10, 30
+	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}
+for j in $(seq %d); do
+  ( for i in $(seq %d); do
+      printf "CONNECT blocked-$i.example:443 HTTP/1.1\r\n\r\n" | nc -w 2 ${p%%:*} ${p##*:} | head -1 >>/tmp/answers.$j
+    done ) &
+done
+wait; cat /tmp/answers.* | grep -c '^HTTP/1.1 4'`, loops, each)
+	start := time.Now()
+	out := s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", script}, "timeout_ms": 120000})
+	answered := 0
+	fmt.Sscan(strings.TrimSpace(out["stdout"].(string)), &answered)
+	t.Logf("%d of %d refusals answered in %v", answered, loops*each, time.Since(start).Round(time.Millisecond))
+	if answered < loops*each*9/10 {
+		t.Fatalf("only %d of %d refused requests were answered: %v", answered, loops*each, out)
+	}
+	s.cs.Close() // the server exits: the open interval's summaries are written
+
+	recs, counted, bytes := 0, 0, 0
+	b, err := os.ReadFile(audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		if rec["kind"] == "proxy_decision" && rec["decision"] == "deny" {
+			n, _ := rec["count"].(float64)
+			recs, counted, bytes = recs+1, counted+int(n), bytes+len(line)+1
+		}
+	}
+	t.Logf("%d refusal records in the audit log (%d bytes)", recs, bytes)
+	// 16 kinds of refusal each interval, a summary for each, and one for
+	// the rest; the flood may span two intervals.
+	if recs > 2*(2*16+1) {
+		t.Errorf("%d audit records for %d refusals", recs, answered)
+	}
+	if counted < answered || counted > loops*each {
+		t.Errorf("the audit records count %d refusals; %d were answered, %d sent", counted, answered, loops*each)
+	}
+	if lines := strings.Count(s.stderr.String(), `msg="proxy decision"`); lines != recs {
+		t.Errorf("%d proxy decision log lines, %d audit records", lines, recs)
+	}
+}

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -20,7 +24,64 @@ const snapshotUsage = `Usage:
   sandbox-mcp snapshot rm [flags] ID...          delete snapshots
 
 Flags are the server's (--state-dir, --config, ...); see sandbox-mcp -h.
+export also takes:
+  --symlinks=inside      write only symlinks that lead to a place inside DIR,
+                         and name the others on stderr (the default)
+  --symlinks=keep        write every symlink as the archive has it
+  --allow-group-write    keep group and other write permission from the
+                         archive (the umask still applies; by default they
+                         are dropped)
 `
+
+// maxExportNotes is how many skipped symlinks export names on stderr; the
+// rest are counted.
+const maxExportNotes = 20
+
+// exportOptions are export's own flags.
+type exportOptions struct {
+	keepSymlinks    bool // --symlinks=keep
+	allowGroupWrite bool // --allow-group-write
+}
+
+// takeExportFlags removes export's own flags from args, wherever they are,
+// and returns the rest for the server's flag parser.
+func takeExportFlags(args []string) (exportOptions, []string, error) {
+	var opt exportOptions
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if !strings.HasPrefix(args[i], "-") {
+			name = ""
+		}
+		switch name {
+		case "symlinks":
+			if !hasVal {
+				if i+1 == len(args) {
+					return opt, nil, errors.New("--symlinks needs a value: inside or keep")
+				}
+				i++
+				val = args[i]
+			}
+			switch val {
+			case "inside":
+				opt.keepSymlinks = false
+			case "keep":
+				opt.keepSymlinks = true
+			default:
+				return opt, nil, fmt.Errorf("--symlinks=%s: use inside (the default: only symlinks that lead inside DIR) or keep (every symlink as archived)", termSafe(val))
+			}
+		case "allow-group-write":
+			b, err := strconv.ParseBool(cmp.Or(val, "true"))
+			if err != nil {
+				return opt, nil, fmt.Errorf("--allow-group-write=%s: use true or false", termSafe(val))
+			}
+			opt.allowGroupWrite = b
+		default:
+			rest = append(rest, args[i])
+		}
+	}
+	return opt, rest, nil
+}
 
 // snapshotCmd manages the snapshots in the state directory, with no engine
 // and no server needed.
@@ -30,7 +91,16 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 		return 0
 	}
 	verb := args[0]
-	cfg, rest, err := parseConfig(args[1:], getenv)
+	args = args[1:]
+	var opt exportOptions
+	if verb == "export" {
+		var err error
+		if opt, args, err = takeExportFlags(args); err != nil {
+			fmt.Fprintf(stderr, "sandbox-mcp snapshot export: %v\n", err)
+			return 2
+		}
+	}
+	cfg, rest, err := parseConfig(args, getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox-mcp snapshot: %v\n", err)
 		return 2
@@ -51,7 +121,9 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tCREATED\tSIZE\tFILES\tSANDBOX\tLABEL")
 		for _, in := range all {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", in.ID, in.CreatedAt.Local().Format(time.DateTime), in.SizeBytes, in.Files, in.Sandbox, in.Label)
+			// Records are the callers' (labels) and could be tampered
+			// with (ids): nothing in them reaches the terminal raw.
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", termSafe(in.ID), in.CreatedAt.Local().Format(time.DateTime), in.SizeBytes, in.Files, termSafe(in.Sandbox), termSafe(in.Label))
 		}
 		tw.Flush()
 		return 0
@@ -60,12 +132,12 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 			fmt.Fprint(stderr, snapshotUsage)
 			return 2
 		}
-		res, err := exportSnapshot(store, rest[0], rest[1])
+		res, err := exportSnapshot(store, rest[0], rest[1], opt, stderr)
 		if err != nil {
-			fmt.Fprintf(stderr, "sandbox-mcp snapshot export: %v\n", err)
+			fmt.Fprintf(stderr, "sandbox-mcp snapshot export: %s\n", termSafe(err.Error()))
 			return 1
 		}
-		fmt.Fprintf(stdout, "exported %s to %s: %d entries, %d skipped\n", rest[0], rest[1], res.Files, res.Skipped)
+		fmt.Fprintf(stdout, "exported %s to %s: %d entries, %d skipped\n", termSafe(rest[0]), termSafe(rest[1]), res.Files, res.Skipped)
 		return 0
 	case "rm", "delete":
 		if len(rest) == 0 {
@@ -75,11 +147,11 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 		code := 0
 		for _, id := range rest {
 			if err := store.Delete(id); err != nil {
-				fmt.Fprintf(stderr, "sandbox-mcp snapshot rm %s: %v\n", id, err)
+				fmt.Fprintf(stderr, "sandbox-mcp snapshot rm %s: %v\n", termSafe(id), err)
 				code = 1
 				continue
 			}
-			fmt.Fprintf(stdout, "deleted %s\n", id)
+			fmt.Fprintf(stdout, "deleted %s\n", termSafe(id))
 		}
 		return code
 	}
@@ -90,9 +162,13 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 // exportSnapshot writes a snapshot's files into dir, which must be new or
 // empty. The archive is unpacked with the agent's confined extraction,
 // rooted at a descriptor of dir: an entry with "..", an absolute name, a
-// link that leads out or a symlink in a parent is refused, devices are
-// skipped and setuid bits dropped, so nothing is ever written outside dir.
-func exportSnapshot(store *session.SnapshotStore, id, dir string) (agentproto.RestoreResult, error) {
+// hard link that leads out or a symlink in a parent is refused, devices are
+// skipped and setuid, setgid and sticky bits dropped, so nothing is ever
+// written outside dir. Modes are masked with the umask and, unless
+// allowGroupWrite, lose group and other write. Unless keepSymlinks, a
+// symlink that would lead outside dir (see agent.SymlinkStaysInside) is
+// not written, and named on stderr.
+func exportSnapshot(store *session.SnapshotStore, id, dir string, opt exportOptions, stderr io.Writer) (agentproto.RestoreResult, error) {
 	var res agentproto.RestoreResult
 	info, f, err := store.Open(id)
 	if err != nil {
@@ -117,5 +193,28 @@ func exportSnapshot(store *session.SnapshotStore, id, dir string) (agentproto.Re
 		return res, err
 	}
 	defer ws.Close()
-	return ws.Restore(f, agentproto.Limits{MaxBytes: info.SizeBytes + 1<<20, MaxEntries: 1 << 22, MaxDepth: 4096})
+	umask := syscall.Umask(0)
+	syscall.Umask(umask)
+	xo := agent.ExtractOptions{ClearMode: uint32(umask)}
+	if !opt.allowGroupWrite {
+		xo.ClearMode |= 0o022
+	}
+	skipped := 0
+	if !opt.keepSymlinks {
+		xo.KeepSymlink = func(name, target string) bool {
+			if agent.SymlinkStaysInside(name, target) {
+				return true
+			}
+			if skipped++; skipped <= maxExportNotes {
+				fmt.Fprintf(stderr, "sandbox-mcp snapshot export: skipped the symlink %s -> %s: it leads outside %s (--symlinks=keep writes it)\n",
+					termSafe(name), termSafe(target), termSafe(dir))
+			}
+			return false
+		}
+	}
+	res, err = ws.Extract(f, agentproto.Limits{MaxBytes: info.SizeBytes + 1<<20, MaxEntries: 1 << 22, MaxDepth: 4096}, xo)
+	if skipped > maxExportNotes {
+		fmt.Fprintf(stderr, "sandbox-mcp snapshot export: and %d more symlinks that lead outside %s\n", skipped-maxExportNotes, termSafe(dir))
+	}
+	return res, err
 }

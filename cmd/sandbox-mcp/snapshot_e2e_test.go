@@ -73,14 +73,14 @@ func TestSnapshotsAcrossRestarts(t *testing.T) {
 }
 
 func TestSnapshotRetentionFlags(t *testing.T) {
-	s := startServer(t, serverOpts{args: []string{"--snapshot-max-count", "2"}})
+	s := startServer(t, serverOpts{args: []string{"--snapshot-max-count", "3", "--snapshot-max-count-per-caller", "2"}})
 	var ids []string
 	for range 3 {
 		ids = append(ids, s.ok("sandbox_snapshot", nil)["id"].(string))
 	}
 	listed := listedSnapshots(t, s)
 	if len(listed) != 2 || listed[ids[0]] != nil {
-		t.Fatalf("with --snapshot-max-count 2: %v", listed)
+		t.Fatalf("with --snapshot-max-count-per-caller 2: %v", listed)
 	}
 }
 
@@ -106,14 +106,22 @@ func TestSnapshotExport(t *testing.T) {
 		t.Fatalf("list: %v\n%s", err, out)
 	}
 	dir := filepath.Join(t.TempDir(), "export")
-	if out, err := sandboxctl(t, state, "export", id, dir); err != nil {
+	out, err = sandboxctl(t, state, "export", id, dir)
+	if err != nil {
 		t.Fatalf("export: %v\n%s", err, out)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "d", "e", "f")); string(b) != "hi\n" {
 		t.Fatalf("exported file: %q", b)
 	}
-	if target, err := os.Readlink(filepath.Join(dir, "pw")); err != nil || target != "/etc/passwd" {
-		t.Fatalf("symlink: %q %v", target, err)
+	if _, err := os.Lstat(filepath.Join(dir, "pw")); err == nil || !strings.Contains(out, "skipped the symlink pw -> /etc/passwd") {
+		t.Fatalf("a symlink out of the export directory was written, or not named (%v):\n%s", err, out)
+	}
+	kept := filepath.Join(t.TempDir(), "kept")
+	if out, err := sandboxctl(t, state, "export", "--symlinks=keep", id, kept); err != nil {
+		t.Fatalf("export --symlinks=keep: %v\n%s", err, out)
+	}
+	if target, err := os.Readlink(filepath.Join(kept, "pw")); err != nil || target != "/etc/passwd" {
+		t.Fatalf("symlink with --symlinks=keep: %q %v", target, err)
 	}
 	if st, _ := os.Stat(filepath.Join(dir, "d")); st.Mode().Perm() != 0o700 {
 		t.Fatalf("mode: %v", st.Mode())
@@ -122,8 +130,9 @@ func TestSnapshotExport(t *testing.T) {
 		t.Fatalf("export into a non-empty directory: %v\n%s", err, out)
 	}
 
-	// A hostile archive in the store (it could only come from a tampered
-	// state directory, but export must hold anyway).
+	// A hostile archive in the store (a tampered state directory, or an
+	// archive forged by a sandbox): export refuses it, even with
+	// --symlinks=keep, which writes symlinks as archived.
 	st, err := session.OpenSnapshotStore(filepath.Join(state, "snapshots"), session.Retention{})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +159,7 @@ func TestSnapshotExport(t *testing.T) {
 			t.Fatal(err)
 		}
 		target := filepath.Join(outside, "export-"+strings.ReplaceAll(name, " ", "-"))
-		if out, err := sandboxctl(t, state, "export", info.ID, target); err == nil {
+		if out, err := sandboxctl(t, state, "export", "--symlinks=keep", info.ID, target); err == nil {
 			t.Errorf("%s: exported:\n%s", name, out)
 		}
 	}

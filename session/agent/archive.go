@@ -8,6 +8,7 @@ import (
 	"archive/tar"
 	"errors"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -68,6 +69,33 @@ func checkLimits(op string, lim agentproto.Limits) error {
 // dst gets Write calls of at most agentproto.ChunkSize bytes; its errors are
 // returned unchanged.
 func (w *Workspace) Snapshot(dst io.Writer, lim agentproto.Limits) (agentproto.SnapshotResult, error) {
+	return w.SnapshotTree(dst, lim, SnapshotOptions{})
+}
+
+// SnapshotOptions adjust SnapshotTree for a tree that is not a sandbox's
+// own workspace, such as a directory on the host (--workspace-from). The
+// zero value archives as Snapshot does.
+type SnapshotOptions struct {
+	// OwnLinksOnly refuses a tree holding a regular file that has hard
+	// links outside it: such a file's content is another file's (a link to
+	// /etc/shadow made in the tree, say), which the walk would read without
+	// ever leaving the tree. Every name of a file with more than one link
+	// is noted as the walk reads it; once the walk is done, each of those
+	// names must still be that file, and the file must have no more links
+	// than names seen. Otherwise the snapshot fails with INVALID_ARGUMENT
+	// naming the file, and dst holds an archive the caller must discard.
+	// Since the link outside the tree stays while the walk runs, no
+	// renaming or relinking during the walk gets such a file through. The
+	// names kept are part of the archive, so the memory this takes is
+	// bounded by lim.MaxBytes.
+	OwnLinksOnly bool
+}
+
+// fileID names a file by device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// SnapshotTree is Snapshot with options (see SnapshotOptions).
+func (w *Workspace) SnapshotTree(dst io.Writer, lim agentproto.Limits, opt SnapshotOptions) (agentproto.SnapshotResult, error) {
 	const op = "snapshot"
 	var res agentproto.SnapshotResult
 	if err := checkLimits(op, lim); err != nil {
@@ -81,6 +109,9 @@ func (w *Workspace) Snapshot(dst io.Writer, lim agentproto.Limits) (agentproto.S
 
 	out := &snapWriter{dst: dst, buf: make([]byte, 0, agentproto.ChunkSize), max: lim.MaxBytes}
 	s := &snapshotter{tw: tar.NewWriter(out), out: out, lim: lim}
+	if opt.OwnLinksOnly {
+		s.links = map[fileID][]string{}
+	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	s.buf = *bp
@@ -91,6 +122,9 @@ func (w *Workspace) Snapshot(dst io.Writer, lim agentproto.Limits) (agentproto.S
 	}
 	err = s.dir(fd, "", 1)
 	closeFd(fd)
+	if err == nil && s.links != nil {
+		err = s.checkLinks(root)
+	}
 	if err == nil {
 		err = s.tw.Close()
 	}
@@ -111,6 +145,40 @@ type snapshotter struct {
 	lim            agentproto.Limits
 	buf            []byte
 	files, skipped int
+	// links holds the names of every file with more than one link, with
+	// SnapshotOptions.OwnLinksOnly (nil otherwise).
+	links map[fileID][]string
+}
+
+// checkLinks verifies, after the walk, that every file archived with more
+// than one link has all its links among the names archived (see
+// SnapshotOptions.OwnLinksOnly).
+func (s *snapshotter) checkLinks(root int) error {
+	ids := slices.Collect(maps.Keys(s.links))
+	slices.SortFunc(ids, func(a, b fileID) int { return strings.Compare(s.links[a][0], s.links[b][0]) })
+	for _, id := range ids {
+		names := s.links[id]
+		var nlink uint64
+		for _, name := range names {
+			fd, err := openBeneath(root, name, unix.O_PATH|unix.O_NOFOLLOW, resolveNoSymlinks)
+			var st unix.Stat_t
+			if err == nil {
+				st, err = fstat(fd)
+				closeFd(fd)
+			}
+			if err != nil || st.Dev != id.dev || st.Ino != id.ino {
+				return agentproto.Errorf(agentproto.CodeInvalidArgument,
+					"%s changed while it was read, and it is a hard link: what was read may be a file outside the directory; copy the directory when nothing changes it", quote(name))
+			}
+			nlink = uint64(st.Nlink)
+		}
+		if nlink > uint64(len(names)) {
+			return agentproto.Errorf(agentproto.CodeInvalidArgument,
+				"%s is a hard link to a file with %d links, only %d of them in the directory: its content belongs to a file outside it, which is not copied; remove that name, or copy the directory with `cp -R` (which makes separate files; `git clone --no-hardlinks` for a local clone)",
+				quote(names[0]), nlink, len(names))
+		}
+	}
+	return nil
 }
 
 // errStreamCap is returned by snapWriter when a write would pass the byte
@@ -282,6 +350,10 @@ func (s *snapshotter) file(parent int, name, path string, depth int) error {
 		s.skipped++
 		return nil
 	}
+	if s.links != nil && st.Nlink > 1 {
+		id := fileID{dev: uint64(st.Dev), ino: st.Ino}
+		s.links[id] = append(s.links[id], path)
+	}
 	size := st.Size
 	// The header (a PAX one may add more; snapWriter catches that), the
 	// padded content and the end-of-archive marker must fit.
@@ -407,6 +479,56 @@ func (s *snapWriter) flush() error {
 // is TOO_LARGE. After the end-of-archive marker, src is read to its end
 // (within MaxBytes) and the rest is ignored.
 func (w *Workspace) Restore(src io.Reader, lim agentproto.Limits) (agentproto.RestoreResult, error) {
+	return w.Extract(src, lim, ExtractOptions{})
+}
+
+// ExtractOptions adjust Extract for a tree that is not a sandbox's own
+// workspace, such as a directory on the host (sandbox-mcp snapshot export).
+// The zero value extracts as Restore does.
+type ExtractOptions struct {
+	// ClearMode holds permission bits cleared from every file and
+	// directory created, on top of setuid, setgid and sticky (e.g. the
+	// umask, and group and other write).
+	ClearMode uint32
+	// KeepSymlink, if set, decides for each symlink entry, by its name and
+	// target, whether it is created; one it refuses is skipped (counted in
+	// Skipped) and nothing else changes.
+	KeepSymlink func(name, target string) bool
+}
+
+// SymlinkStaysInside reports whether a symlink entry named name, whose
+// target is target, leads to a place inside the tree it is extracted into,
+// whatever the other entries are: the target is relative, and made only of
+// ".." components followed only of other components, with no more ".."
+// than name has parent directories. Every step up is then taken from the
+// link's own directory (a real directory of the tree: entries are never
+// placed through a symlink), and every step down stays inside, symlinks
+// met on the way included, as each of those passed the same test. A target
+// such as "a/../.." is refused, though it may be harmless, because "a"
+// could itself be a symlink.
+func SymlinkStaysInside(name, target string) bool {
+	comps, problem := entryComps(name)
+	if problem != "" || len(comps) == 0 || target == "" || strings.HasPrefix(target, "/") {
+		return false
+	}
+	up, down := 0, false
+	for c := range strings.SplitSeq(target, "/") {
+		switch c {
+		case "", ".":
+		case "..":
+			if down {
+				return false
+			}
+			up++
+		default:
+			down = true
+		}
+	}
+	return up <= len(comps)-1
+}
+
+// Extract is Restore with options (see ExtractOptions).
+func (w *Workspace) Extract(src io.Reader, lim agentproto.Limits, opt ExtractOptions) (agentproto.RestoreResult, error) {
 	const op = "restore"
 	var res agentproto.RestoreResult
 	if err := checkLimits(op, lim); err != nil {
@@ -446,6 +568,7 @@ func (w *Workspace) Restore(src io.Reader, lim agentproto.Limits) (agentproto.Re
 	x := &extractor{
 		staging: staging,
 		lim:     lim,
+		opt:     opt,
 		in:      &capReader{r: src, max: lim.MaxBytes},
 		regular: map[string]bool{},
 		dirs:    map[string]dirMeta{},
@@ -619,6 +742,7 @@ type dirMeta struct {
 type extractor struct {
 	staging int // the staging directory, open for reading
 	lim     agentproto.Limits
+	opt     ExtractOptions
 	in      *capReader
 	buf     []byte
 
@@ -870,7 +994,7 @@ func (x *extractor) regularFile(tr *tar.Reader, hdr *tar.Header, comps []string)
 			return x.streamErr(rerr)
 		}
 	}
-	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o777); err != nil {
+	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o777&^x.opt.ClearMode); err != nil {
 		return x.fail(name, err)
 	}
 	_ = futimens(fd, hdr.ModTime)
@@ -897,7 +1021,7 @@ func (x *extractor) directory(hdr *tar.Header, comps []string) error {
 		return x.fail(name, err)
 	}
 	key := strings.Join(comps, "/")
-	x.dirs[key] = dirMeta{mode: uint32(hdr.Mode) & 0o777, mtime: hdr.ModTime}
+	x.dirs[key] = dirMeta{mode: uint32(hdr.Mode) & 0o777 &^ x.opt.ClearMode, mtime: hdr.ModTime}
 	delete(x.regular, key)
 	x.files++
 	return nil
@@ -907,6 +1031,10 @@ func (x *extractor) symlink(hdr *tar.Header, comps []string) error {
 	name := hdr.Name
 	if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 {
 		return bad(name, "is a symlink with an empty target or a target that contains NUL")
+	}
+	if x.opt.KeepSymlink != nil && !x.opt.KeepSymlink(name, hdr.Linkname) {
+		x.skipped++
+		return nil
 	}
 	dir, err := x.parent(name, comps)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,6 +105,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	readErr := make(chan error, 1)
 	go func() {
 		r := agentproto.NewReader(in)
+		r.MaxHeader = agentproto.MaxRequestHeader
 		for {
 			f, err := r.Read()
 			if err != nil {
@@ -177,12 +179,20 @@ func (s *server) send(id uint64, kind agentproto.Kind, body any, payload []byte)
 	return s.w.Write(id, kind, body, payload)
 }
 
+// maxErrorMessage bounds the message of an error frame, so that it fits a
+// frame however it is escaped (a message may quote a request's path).
+const maxErrorMessage = 4 << 10
+
 // sendError ends a request with an error frame. Errors that are not
 // *agentproto.Error become INTERNAL.
 func (s *server) sendError(id uint64, err error) {
 	var pe *agentproto.Error
 	if !errors.As(err, &pe) {
 		pe = agentproto.Errorf(agentproto.CodeInternal, "%v", err)
+	}
+	if len(pe.Message) > maxErrorMessage {
+		msg := strings.ToValidUTF8(pe.Message[:maxErrorMessage], "")
+		pe = &agentproto.Error{Code: pe.Code, Message: msg + "..."}
 	}
 	if werr := s.send(id, agentproto.KindError, pe, nil); werr != nil {
 		s.log.Warn("agent: send error frame", "id", id, "err", werr)
@@ -329,5 +339,9 @@ func (s *server) finish(id uint64, res any, err error) {
 	}
 	if err := s.send(id, agentproto.KindResult, res, nil); err != nil {
 		s.log.Warn("agent: send result", "id", id, "err", err)
+		if errors.Is(err, agentproto.ErrNotSent) {
+			// The request still gets its terminal frame.
+			s.sendError(id, agentproto.Errorf(agentproto.CodeInternal, "the result could not be sent: %v", err))
+		}
 	}
 }

@@ -11,7 +11,7 @@
 //
 // Every message is one frame:
 //
-//	uint32 big-endian  header length H   (1 ≤ H ≤ MaxHeader)
+//	uint32 big-endian  header length H   (1 ≤ H ≤ MaxRequestHeader from the server, MaxHeader from the agent)
 //	uint32 big-endian  payload length P  (0 ≤ P ≤ MaxPayload)
 //	H bytes            header: a JSON object {"id": uint64, "k": kind, "b": body}
 //	P bytes            payload: raw bytes (file content, output, tar data)
@@ -20,7 +20,12 @@
 // answers with the same id; id 0 is the connection itself (hello, ping). The
 // body is a JSON value whose shape depends on the kind (see the Kind
 // constants). Bulk data never goes in the body; it goes in payloads, chunked
-// so that no frame exceeds MaxPayload.
+// so that no frame exceeds MaxPayload. A request's header may be larger than
+// a reply's: an exec carries its argv and env in the body.
+//
+// A frame is never cut: a writer refuses a frame over the limits before
+// writing a byte (ErrNotSent), so only that frame's request fails, and the
+// stream goes on.
 //
 // # Conversation
 //

@@ -14,10 +14,18 @@ import (
 const Version = 1
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
-// the connection ends.
+// the connection ends; a Writer refuses to send more, before writing a byte.
 const (
-	MaxHeader  = 64 << 10 // bytes of JSON header
-	MaxPayload = 1 << 20  // bytes of payload
+	// MaxHeader bounds the JSON header of a frame from the agent.
+	MaxHeader = 64 << 10
+	// MaxRequestHeader bounds the JSON header of a frame from the server.
+	// An exec request carries a command's argv and env, each up to 64 KiB
+	// (policy.MaxArgvBytes, policy.MaxEnvBytes), a program path and a cwd
+	// of up to 4 KiB each; JSON escapes a byte to at most 6 (\u0001), so
+	// the largest such request is about 816 KiB.
+	MaxRequestHeader = 1 << 20
+	// MaxPayload bounds the payload of a frame either way.
+	MaxPayload = 1 << 20
 	// ChunkSize is the payload size senders use when they stream bulk data.
 	ChunkSize = 256 << 10
 )
@@ -103,38 +111,51 @@ func (f *Frame) Decode(v any) error {
 	return nil
 }
 
-// ErrFrameTooLarge reports a frame whose declared sizes exceed the limits.
+// ErrFrameTooLarge reports a frame whose sizes exceed the limits.
 var ErrFrameTooLarge = errors.New("agentproto: frame exceeds size limits")
+
+// ErrNotSent marks an error of Writer.Write that came before a byte was
+// written: a frame too large (ErrFrameTooLarge) or a body that does not
+// encode. The stream is intact; only the request the frame belonged to
+// fails. Any other error of Write leaves the stream cut inside a frame.
+var ErrNotSent = errors.New("agentproto: frame not sent")
 
 // Writer encodes frames onto a stream. It is not safe for concurrent use;
 // callers serialise writes.
 type Writer struct {
+	// MaxHeader is the largest header written: MaxHeader unless set (the
+	// server sets MaxRequestHeader).
+	MaxHeader int
+
 	w   *bufio.Writer
 	hdr [8]byte
 }
 
 // NewWriter returns a Writer on w.
 func NewWriter(w io.Writer) *Writer {
-	return &Writer{w: bufio.NewWriterSize(w, 64<<10)}
+	return &Writer{MaxHeader: MaxHeader, w: bufio.NewWriterSize(w, 64<<10)}
 }
 
-// Write encodes one frame and flushes it. body may be nil. The payload must
-// not exceed MaxPayload.
+// Write encodes one frame and flushes it. body may be nil. A frame whose
+// header exceeds w.MaxHeader or whose payload exceeds MaxPayload is refused
+// with an error that wraps ErrNotSent and ErrFrameTooLarge, before anything
+// is written.
 func (w *Writer) Write(id uint64, kind Kind, body any, payload []byte) error {
 	h := Header{ID: id, Kind: kind}
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return fmt.Errorf("agentproto: encode %s body: %w", kind, err)
+			return fmt.Errorf("%w: encode %s body: %w", ErrNotSent, kind, err)
 		}
 		h.Body = b
 	}
 	head, err := json.Marshal(h)
 	if err != nil {
-		return fmt.Errorf("agentproto: encode header: %w", err)
+		return fmt.Errorf("%w: encode header: %w", ErrNotSent, err)
 	}
-	if len(head) > MaxHeader || len(payload) > MaxPayload {
-		return ErrFrameTooLarge
+	if len(head) > w.MaxHeader || len(payload) > MaxPayload {
+		return fmt.Errorf("%w: %w: a %s frame of %d header and %d payload bytes (limits %d and %d)",
+			ErrNotSent, ErrFrameTooLarge, kind, len(head), len(payload), w.MaxHeader, MaxPayload)
 	}
 	binary.BigEndian.PutUint32(w.hdr[0:4], uint32(len(head)))
 	binary.BigEndian.PutUint32(w.hdr[4:8], uint32(len(payload)))
@@ -152,12 +173,16 @@ func (w *Writer) Write(id uint64, kind Kind, body any, payload []byte) error {
 
 // Reader decodes frames from a stream.
 type Reader struct {
+	// MaxHeader is the largest header accepted: MaxHeader unless set (the
+	// agent sets MaxRequestHeader).
+	MaxHeader int
+
 	r *bufio.Reader
 }
 
 // NewReader returns a Reader on r.
 func NewReader(r io.Reader) *Reader {
-	return &Reader{r: bufio.NewReaderSize(r, 64<<10)}
+	return &Reader{MaxHeader: MaxHeader, r: bufio.NewReaderSize(r, 64<<10)}
 }
 
 // Read decodes the next frame. It returns io.EOF at a clean end of stream,
@@ -171,7 +196,7 @@ func (r *Reader) Read() (Frame, error) {
 	}
 	hl := binary.BigEndian.Uint32(sizes[0:4])
 	pl := binary.BigEndian.Uint32(sizes[4:8])
-	if hl == 0 || hl > MaxHeader || pl > MaxPayload {
+	if hl == 0 || hl > uint32(r.MaxHeader) || pl > MaxPayload {
 		return Frame{}, ErrFrameTooLarge
 	}
 	buf := make([]byte, int(hl)+int(pl))

@@ -82,3 +82,49 @@ func TestCodes(t *testing.T) {
 		t.Fatal(e)
 	}
 }
+
+// TestWriterRefusesBeforeWriting: a frame over the limits is refused with
+// ErrNotSent and ErrFrameTooLarge before a byte is written, so the next
+// frame on the stream decodes.
+func TestWriterRefusesBeforeWriting(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	// 11.5 KB of '<' is 69 KB of header once escaped (\u003c).
+	big := ExecRequest{Argv: []string{"echo", strings.Repeat("<", 11500)}}
+	err := w.Write(1, KindExec, big, nil)
+	if !errors.Is(err, ErrNotSent) || !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("a header over MaxHeader: %v", err)
+	}
+	if err := w.Write(2, KindData, nil, make([]byte, MaxPayload+1)); !errors.Is(err, ErrNotSent) || !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("a payload over MaxPayload: %v", err)
+	}
+	if err := w.Write(3, KindExec, map[string]any{"bad": func() {}}, nil); !errors.Is(err, ErrNotSent) {
+		t.Fatalf("a body that does not encode: %v", err)
+	}
+	if buf.Len() != 0 {
+		t.Fatalf("%d bytes written for refused frames", buf.Len())
+	}
+
+	// The server's requests may be larger: a reader takes what its limit
+	// allows, no more.
+	w.MaxHeader = MaxRequestHeader
+	if err := w.Write(4, KindExec, big, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(5, KindPing, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	stream := bytes.Clone(buf.Bytes())
+	if _, err := NewReader(bytes.NewReader(stream)).Read(); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("a reader with the agent's limit took a %d-byte header: %v", len(stream), err)
+	}
+	r := NewReader(bytes.NewReader(stream))
+	r.MaxHeader = MaxRequestHeader
+	var got ExecRequest
+	if f, err := r.Read(); err != nil || f.ID != 4 || f.Decode(&got) != nil || got.Argv[1] != big.Argv[1] {
+		t.Fatalf("the large request: %v", err)
+	}
+	if f, err := r.Read(); err != nil || f.ID != 5 || f.Kind != KindPing {
+		t.Fatalf("the frame after it: %+v %v", f, err)
+	}
+}

@@ -1,0 +1,108 @@
+package session
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// reapParallel is how many idle sandboxes the reaper saves and removes at
+// once: a sandbox whose snapshot stalls holds one of these slots until its
+// deadline, and the others go on.
+const reapParallel = 4
+
+// idleSnapshotTimeout bounds the snapshot taken of an idle sandbox before
+// its container is removed: 10 s, plus 1 s per 8 MiB the workspace may
+// hold (74 s for the default 512 MiB). A healthy agent streams a full
+// 500 MB workspace in about 10 s on a busy 2-core host, so this is several
+// times what it needs even with reapParallel snapshots at once, while an
+// agent that stalls (stopped, or busy with something else) keeps its slot,
+// and a call to its own sandbox, waiting no longer than that. The wait for
+// room in the snapshot store counts against it.
+func idleSnapshotTimeout(p policy.Policy) time.Duration {
+	return 10*time.Second + time.Duration(p.MaxWorkspaceBytes/(8<<20))*time.Second
+}
+
+// reapLoop removes the containers of idle sandboxes, reapParallel at a
+// time, those idle longest first. A sandbox is never reaped twice at once;
+// one whose turn does not come this tick is taken at a later one.
+func (m *Manager) reapLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(max(m.opts.IdleTimeout/10, 100*time.Millisecond))
+	defer t.Stop()
+	reaping := map[*Sandbox]bool{}
+	// Each of at most reapParallel reapers sends once: never blocks.
+	done := make(chan *Sandbox, reapParallel)
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case s := <-done:
+			delete(reaping, s)
+		case now := <-t.C:
+			type candidate struct {
+				s    *Sandbox
+				idle time.Duration
+			}
+			var due []candidate
+			m.mu.Lock()
+			for _, s := range m.byKey {
+				if d := s.idleFor(now); d >= m.opts.IdleTimeout && !reaping[s] {
+					due = append(due, candidate{s, d})
+				}
+			}
+			m.mu.Unlock()
+			slices.SortFunc(due, func(a, b candidate) int { return cmp.Compare(b.idle, a.idle) })
+			for _, d := range due[:min(len(due), reapParallel-len(reaping))] {
+				reaping[d.s] = true
+				m.wg.Add(1)
+				go func() {
+					defer m.wg.Done()
+					d.s.reapIdle(m.opts.IdleTimeout)
+					done <- d.s
+				}()
+			}
+		}
+	}
+}
+
+// reapIdle removes the container of a sandbox idle for too long; the next
+// call reports it and the one after starts afresh. The workspace is saved
+// first (within idleSnapshotTimeout), and the next container starts from
+// that snapshot.
+func (s *Sandbox) reapIdle(idle time.Duration) {
+	s.mu.Lock()
+	inst := s.cur
+	if inst == nil || s.inflight.Load() > 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.cur = nil
+	s.lost = fmt.Sprintf("was removed after %s unused (--idle-timeout)", idle.Round(time.Second))
+	if !s.m.opts.Policy.ReadOnly {
+		limit := idleSnapshotTimeout(s.m.opts.Policy)
+		ctx, cancel := context.WithTimeout(s.ctx, limit)
+		info, err := s.m.snaps.CreateWait(ctx, "auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, s.owner, func(w io.Writer) error {
+			_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
+			return err
+		})
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("it did not finish within %s: %w", limit, err)
+		}
+		cancel()
+		if err != nil {
+			s.m.log.Warn("session: saving an idle sandbox's workspace failed", "sandbox", s.id, "err", err)
+			s.lost += fmt.Sprintf(", and saving its workspace failed (%v)", err)
+		} else {
+			s.lost += fmt.Sprintf("; its workspace was saved as snapshot %s", info.ID)
+		}
+	}
+	s.planRecovery()
+	s.mu.Unlock()
+	s.m.removeInstance(inst)
+}
