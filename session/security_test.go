@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -180,4 +182,33 @@ func TestSecuritySymlinkSwap(t *testing.T) {
 	if reads < 100 {
 		t.Fatalf("only %d reads: the race was not exercised", reads)
 	}
+}
+
+// execKillingAgent runs a command in sb and, while it runs, kills the agent
+// from outside the sandbox: an engine exec as root, as an operator or a
+// crash would (the sandboxed code cannot, see
+// TestSandboxCannotReachTheStream). It returns the command's error.
+func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
+	t.Helper()
+	ctx := context.Background()
+	run(t, sb, "true") // a container, with its agent, is up
+	sb.mu.Lock()
+	inst := sb.cur
+	sb.mu.Unlock()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(ctx, ExecRequest{Argv: []string{"sleep", "5"}, Cwd: ".", Timeout: 20 * time.Second})
+		errc <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	ex, err := m.cli.ExecCreate(ctx, inst.containerID, client.ExecCreateOptions{
+		User: "0:0", Cmd: []string{"kill", "-9", strconv.Itoa(inst.conn.hello.PID)},
+	})
+	if err != nil {
+		t.Fatalf("kill the agent: %v", err)
+	}
+	if _, err := m.cli.ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true}); err != nil {
+		t.Fatalf("kill the agent: %v", err)
+	}
+	return <-errc
 }
