@@ -32,13 +32,23 @@ const (
 	LabelRuntime = "io.sandbox-mcp.runtime"
 )
 
+// The identity a sandbox container starts with: its init and the agent run
+// as root holding CAP_SETUID and CAP_SETGID and no other capability, which
+// the agent uses only to start commands as the sandbox user (see
+// ContainerSpec). Commands hold no capability.
+const ContainerUser = "0:0"
+
+// ContainerCapAdd returns the capabilities added back after dropping all,
+// in the order the engine reports them.
+func ContainerCapAdd() []string { return []string{"CAP_SETGID", "CAP_SETUID"} }
+
 // ContainerParams are the inputs of ContainerSpec. Every field is set by the
 // server from its policy; nothing here comes from a tool argument.
 type ContainerParams struct {
 	Name   string            // container name
 	Image  string            // runtime image (base plus agent)
 	Labels map[string]string // labels, LabelManaged and friends included
-	UID    int               // non-root numeric user the sandbox runs as
+	UID    int               // non-root numeric user every command runs as
 	GID    int
 	Env    []string // the sandbox's whole environment (NAME=VALUE)
 
@@ -72,16 +82,22 @@ type ContainerParams struct {
 }
 
 // ContainerSpec builds the options that create a sandbox container. It is
-// pure: the hardening of SPEC §5 lives here, in one place, and is tested field
-// by field.
+// pure: the container's hardening lives here, in one place, and is tested
+// field by field.
 //
 // The container runs the agent (under the engine's init, which reaps orphans)
 // with its stdin open for one attach stream: when that stream closes, stdin
 // closes, the agent exits and the engine removes the container, so a sandbox
 // never outlives the server that holds its stream.
+//
+// The init and the agent, which hold the stream, run as root with CAP_SETUID
+// and CAP_SETGID only (ContainerUser, ContainerCapAdd); the agent keeps uid 0
+// as its real and saved uid, takes the sandbox user (UID:GID, passed as
+// -user) as its effective ids, and starts every command as that user with
+// no capability at all. So the sandboxed code can neither signal, trace nor
+// open the /proc files of the processes that hold the stream.
 func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 	yes := true
-	uidgid := fmt.Sprintf("%d:%d", p.UID, p.GID)
 	wsOpts := fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0755", p.WorkspaceBytes, p.UID, p.GID)
 	if p.WorkspaceReadOnly {
 		wsOpts = fmt.Sprintf("ro,exec,nosuid,nodev,size=%d,uid=%d,gid=%d,mode=0755", p.WorkspaceBytes, p.UID, p.GID)
@@ -93,10 +109,10 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 	pids := p.Pids
 	cfg := &container.Config{
 		Hostname:     "sandbox",
-		User:         uidgid,
+		User:         ContainerUser,
 		Env:          append([]string(nil), p.Env...),
 		Entrypoint:   []string{AgentPath},
-		Cmd:          []string{},
+		Cmd:          []string{fmt.Sprintf("-user=%d:%d", p.UID, p.GID)},
 		WorkingDir:   WorkspaceDir,
 		Labels:       maps.Clone(p.Labels),
 		Image:        p.Image,
@@ -113,6 +129,7 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		NetworkMode:    container.NetworkMode(netMode),
 		AutoRemove:     true,
 		CapDrop:        []string{"ALL"},
+		CapAdd:         ContainerCapAdd(),
 		SecurityOpt:    securityOpts(p.SeccompProfile),
 		ReadonlyRootfs: true,
 		Init:           &yes,

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -45,8 +46,8 @@ func TestContainerSpec(t *testing.T) {
 	}
 	check("name", o.Name == p.Name)
 	check("image", c.Image == p.Image)
-	check("non-root numeric user", c.User == "1000:1000")
-	check("agent as entrypoint", slices.Equal(c.Entrypoint, []string{AgentPath}) && len(c.Cmd) == 0)
+	check("init and agent start as root", c.User == "0:0")
+	check("agent as entrypoint, told the non-root numeric user of commands", slices.Equal(c.Entrypoint, []string{AgentPath}) && slices.Equal(c.Cmd, []string{"-user=1000:1000"}))
 	check("working dir", c.WorkingDir == "/workspace")
 	check("env is exactly the given list", slices.Equal(c.Env, p.Env))
 	check("labels", c.Labels[LabelSandbox] == "sb-1" && c.Labels[LabelInstance] == "srv-1" && c.Labels[LabelManaged] == "1")
@@ -54,7 +55,8 @@ func TestContainerSpec(t *testing.T) {
 	check("no tty", !c.Tty)
 
 	check("read-only rootfs", h.ReadonlyRootfs)
-	check("cap drop all", slices.Equal(h.CapDrop, []string{"ALL"}) && len(h.CapAdd) == 0)
+	check("cap drop all", slices.Equal(h.CapDrop, []string{"ALL"}))
+	check("cap add exactly SETUID and SETGID", slices.Equal(h.CapAdd, []string{"CAP_SETGID", "CAP_SETUID"}))
 	check("not privileged", !h.Privileged)
 	check("no-new-privileges", slices.Contains(h.SecurityOpt, "no-new-privileges=true"))
 	for _, s := range h.SecurityOpt {
@@ -150,6 +152,19 @@ func TestContainerInspect(t *testing.T) {
 	run(t, sb, "true")
 	checkHardened(t, m, sb.ContainerID(), sb.ID())
 
+	// What commands and the agent run as, from inside.
+	st := string(sh(t, sb, "cat /proc/self/status; echo @@@; cat /proc/$PPID/status").Stdout)
+	cmdStatus, agentStatus, _ := strings.Cut(st, "@@@\n")
+	for _, p := range CommandStatusProblems([]byte(cmdStatus), 1000, 1000) {
+		t.Errorf("command: %s", p)
+	}
+	for _, p := range AgentStatusProblems([]byte(agentStatus), 1000, 1000) {
+		t.Errorf("agent: %s", p)
+	}
+	if !strings.Contains(agentStatus, "Name:\tagent") {
+		t.Errorf("the shell's parent is not the agent:\n%s", agentStatus)
+	}
+
 	// And from inside: the mounts are what inspect says.
 	out := string(sh(t, sb, "grep -E ' /workspace | /tmp | / ' /proc/mounts").Stdout)
 	for _, want := range []string{"/workspace tmpfs rw,nosuid,nodev", "/tmp tmpfs rw,nosuid,nodev"} {
@@ -177,8 +192,13 @@ func checkHardened(t *testing.T, m *Manager, containerID, sandbox string) {
 			t.Errorf("docker inspect %s: %s", containerID[:12], what)
 		}
 	}
-	check("4.1 user non-root numeric: "+c.User, c.User == "1000:1000")
-	check("5.4 CapDrop ALL", len(h.CapDrop) == 1 && strings.EqualFold(strings.TrimPrefix(h.CapDrop[0], "CAP_"), "ALL") && len(h.CapAdd) == 0)
+	for _, p := range HardeningProblems(res.Container, 1000, 1000) {
+		t.Errorf("docker inspect %s: %s", containerID[:12], p)
+	}
+	// The CIS assertions HardeningProblems covers, spelled out here too.
+	check("4.1 user: root init and agent, commands as 1000:1000: "+c.User, c.User == "0:0" && slices.Equal(c.Cmd, []string{"-user=1000:1000"}))
+	check(fmt.Sprintf("5.4 CapDrop ALL, CapAdd SETUID SETGID only: %q %q", h.CapDrop, h.CapAdd), len(h.CapDrop) == 1 && strings.EqualFold(strings.TrimPrefix(h.CapDrop[0], "CAP_"), "ALL") &&
+		slices.Equal(h.CapAdd, []string{"CAP_SETGID", "CAP_SETUID"}))
 	check("5.5 not privileged", !h.Privileged)
 	check("5.6 no binds", len(h.Binds) == 0)
 	for _, mnt := range res.Container.Mounts {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,8 +16,9 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// agentBin is the agent built for this test run.
-var agentBin string
+// agentBin is the agent built for this test run; intruderBin is the static
+// program the security tests run inside sandboxes as hostile code.
+var agentBin, intruderBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sandbox-mcp-session-test-")
@@ -30,6 +33,15 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	agentBin = bins.Agent
+	intruderBin = filepath.Join(dir, "intruder")
+	build := exec.Command("go", "build", "-trimpath", "-o", intruderBin, "./session/internal/intruder")
+	build.Dir = testenv.RepoRoot()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the intruder: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

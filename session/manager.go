@@ -374,6 +374,7 @@ func (m *Manager) labels(sandbox string) map[string]string {
 // sandbox with the given id and waits for its agent. On failure nothing is
 // left behind.
 func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
 	defer cancel()
 	name := fmt.Sprintf("sandbox-mcp-%s-%d", sandbox, gen)
@@ -382,6 +383,11 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	defer func() {
 		if err != nil {
 			m.removeInstance(inst)
+			// A call that ended while its container started is not an
+			// engine fault: report why it ended.
+			if cause := context.Cause(caller); cause != nil {
+				err = cause
+			}
 		}
 	}()
 	env := m.sandboxEnv()
@@ -452,7 +458,8 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
-	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent_pid", c.hello.PID)
+	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent_pid", c.hello.PID,
+		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
 	return inst, nil
 }
 

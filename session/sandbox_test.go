@@ -229,8 +229,7 @@ func TestAgentDeathIsReportedThenReplaced(t *testing.T) {
 	sb := newSandbox(t, m)
 	sh(t, sb, "echo precious > file")
 	first := sb.ContainerID()
-	// The command's parent is the agent: the sandboxed code can kill it.
-	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "kill -9 $PPID; sleep 5"}, Cwd: ".", Timeout: 20 * time.Second})
+	err := execKillingAgent(t, m, sb)
 	e := wantCode(t, err, policy.Unavailable)
 	if !strings.Contains(e.Message, "next call") {
 		t.Errorf("UNAVAILABLE does not say what happens next: %s", e.Message)

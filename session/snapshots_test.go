@@ -519,7 +519,7 @@ func TestLostContainerRecoversFromLatestSnapshot(t *testing.T) {
 		t.Fatalf("after recovery: %q", got)
 	}
 	// The same when the agent dies under a call.
-	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "kill -9 $PPID; sleep 5"}, Cwd: ".", Timeout: 20 * time.Second})
+	err = execKillingAgent(t, m, sb)
 	if e := wantCode(t, err, policy.Unavailable); !strings.Contains(e.Message, info.ID) {
 		t.Fatalf("message: %s", e.Message)
 	}

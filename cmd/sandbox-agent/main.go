@@ -1,10 +1,15 @@
 // Command sandbox-agent runs inside every sandbox container as its main
 // process and serves the sandbox-mcp server over stdin and stdout (see
 // package agentproto). It is not meant to be run by hand.
+//
+// It starts as root with CAP_SETUID and CAP_SETGID only, and before it reads
+// a frame it drops to the sandbox user named by -user for everything but
+// starting commands (see agent.DropPrivileges).
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -25,16 +30,31 @@ func main() {
 		return
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	fs := flag.NewFlagSet("sandbox-agent", flag.ContinueOnError)
+	userFlag := fs.String("user", "", "UID:GID of the sandbox user every command runs as (required)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	user, err := agent.ParseUser(*userFlag)
+	if err != nil {
+		log.Error("agent: bad -user", "err", err)
+		os.Exit(2)
+	}
+	if err := agent.DropPrivileges(user); err != nil {
+		log.Error("agent: cannot take the sandbox user's identity", "err", err)
+		os.Exit(1)
+	}
 	workspace := os.Getenv("SANDBOX_MCP_WORKSPACE")
 	if workspace == "" {
 		workspace = "/workspace"
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	err := agent.Serve(ctx, os.Stdin, os.Stdout, agent.Options{
+	err = agent.Serve(ctx, os.Stdin, os.Stdout, agent.Options{
 		Workspace: workspace,
 		Env:       os.Environ(),
 		Path:      filepath.SplitList(os.Getenv("PATH")),
+		User:      user,
 		Logger:    log,
 	})
 	if err != nil {

@@ -141,6 +141,7 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 		} else {
 			ok("%s", msg)
 		}
+		checkHardening(ctx, cli, sb, ok, warn, fail)
 	}
 	m.Release("doctor")
 	if failed {
@@ -171,6 +172,40 @@ func checkIOURing(ctx context.Context, sb *session.Sandbox, profileFile string) 
 		return fmt.Sprintf("sandboxes cannot use io_uring under %s (io_uring_setup: %s)", profile, strings.TrimPrefix(out, "blocked: ")), false
 	default:
 		return fmt.Sprintf("could not check whether sandboxes can use io_uring: the probe answered %q", out), true
+	}
+}
+
+// checkHardening checks a running sandbox: its container as the engine
+// reports it, and what a command and the agent run as, seen from inside.
+func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox, ok, warn, fail func(string, ...any)) {
+	uid, gid := session.DefaultUID, session.DefaultUID
+	insp, err := cli.ContainerInspect(ctx, sb.ContainerID(), client.ContainerInspectOptions{})
+	if err != nil {
+		fail("inspect the sandbox container: %v", err)
+		return
+	}
+	if p := session.HardeningProblems(insp.Container, uid, gid); len(p) > 0 {
+		for _, msg := range p {
+			fail("sandbox hardening: %s", msg)
+		}
+	} else {
+		ok("sandbox hardening (docker inspect): init and agent as root with CAP_SETUID and CAP_SETGID only, no-new-privileges, read-only root, limits")
+	}
+	res, err := sb.Exec(ctx, session.ExecRequest{
+		Argv: []string{"sh", "-c", "cat /proc/self/status; echo @@@; cat /proc/$PPID/status"},
+		Cwd:  ".", Timeout: 30 * time.Second, MaxOutput: 64 << 10,
+	})
+	if err != nil || res.ExitCode != 0 {
+		warn("cannot check what commands run as (the image needs sh and cat): %v %s", err, strings.TrimSpace(string(res.Stderr)))
+		return
+	}
+	cmdStatus, agentStatus, _ := strings.Cut(string(res.Stdout), "@@@\n")
+	p := append(session.CommandStatusProblems([]byte(cmdStatus), uid, gid), session.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
+	for _, msg := range p {
+		fail("sandbox identities: %s", msg)
+	}
+	if len(p) == 0 {
+		ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter; the agent keeps uid 0 as its real and saved uid, out of their reach", uid, gid)
 	}
 }
 

@@ -571,7 +571,7 @@ func TestDoctor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("doctor failed: %v\n%s", err, out)
 	}
-	for _, want := range []string{"ok    Docker engine", "ok    image", "ok    sandbox runs commands", "sandbox-mcp is ready."} {
+	for _, want := range []string{"ok    Docker engine", "ok    image", "ok    sandbox runs commands", "ok    sandbox hardening", "ok    commands run as 1000:1000", "sandbox-mcp is ready."} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}

@@ -548,7 +548,8 @@ func TestHTTPCallers(t *testing.T) {
 	a.ok("sandbox_read_file", map[string]any{"path": "mine.txt"})
 
 	// §6 #21: the token is nowhere in a sandbox, in results or in the log.
-	env := a.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "env; tr '\\0' '\\n' </proc/1/environ"}})
+	// (PID 1 runs as root: its environment is out of the sandbox user's reach.)
+	env := a.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "env; tr '\\0' '\\n' </proc/1/environ 2>&1 || echo unreadable"}})
 	for _, tok := range []string{tokenA, tokenB} {
 		if strings.Contains(fmt.Sprint(env), tok) {
 			t.Fatalf("a sandbox sees the token:\n%v", env)

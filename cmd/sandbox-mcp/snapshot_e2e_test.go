@@ -198,7 +198,9 @@ func TestWarmPoolFlag(t *testing.T) {
 	var warm []string
 	for {
 		warm = testenv.Containers(t, s.cli, session.LabelPID, pid)
-		if len(warm) == 1 && strings.Contains(warm[0], "running") {
+		// Running is not ready: the pool takes the container once its
+		// agent has said hello, which the server logs.
+		if len(warm) == 1 && strings.Contains(warm[0], "running") && strings.Contains(s.stderr.String(), "session: sandbox started") {
 			break
 		}
 		if time.Now().After(deadline) {

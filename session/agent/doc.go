@@ -4,10 +4,15 @@
 // stdin and stdout: it runs commands, and it reads, writes, lists, archives
 // and restores files confined to the workspace.
 //
-// The agent runs as the sandbox's unprivileged user, beside the code it runs,
-// so it holds no secret and grants nothing: it is a fast, local replacement
-// for `docker exec`, not a security boundary. The boundary is the container.
-// The server treats every frame the agent sends as untrusted.
+// The agent starts as root with CAP_SETUID and CAP_SETGID only and at once
+// takes the sandbox user as its effective identity (DropPrivileges): its file
+// operations run as that user, and it keeps uid 0 only as its real and saved
+// uid, which puts it out of the reach of the code it runs. Every command runs
+// as the sandbox user with no capability, in a supplementary group of its
+// own that the kill-tree finds its processes by. The agent holds no secret
+// and grants nothing: it is a fast, local replacement for `docker exec`, not
+// a security boundary. The boundary is the container. The server still
+// treats every frame the agent sends as untrusted.
 //
 // It ends when its stdin closes (the server went away or removed the
 // sandbox) or when its lease runs out without a frame from the server; either

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -20,12 +18,6 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
-
-// MarkerVar is the environment variable that carries a per-command marker.
-// Every process a command starts inherits it unless it clears its
-// environment, which lets the agent find processes that left the command's
-// process group (setsid, double fork) when it must kill them.
-const MarkerVar = "SANDBOX_MCP_EXEC"
 
 // lingerGrace is how long the agent keeps reading a command's output after
 // the command exited, while background processes it started still hold the
@@ -126,14 +118,14 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 		stdin = c.in
 	}
 
-	marker, err := newMarker()
+	group, err := s.groups.take()
 	if err != nil {
-		return res, err
+		return res, agentproto.Errorf(agentproto.CodeBusy, "%v", err)
 	}
-	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+2)
+	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+1)
 	env = append(env, s.opts.Env...)
 	env = append(env, req.Env...)
-	env = append(env, "PWD="+path.Join(s.opts.Workspace, req.Cwd), MarkerVar+"="+marker)
+	env = append(env, "PWD="+path.Join(s.opts.Workspace, req.Cwd))
 
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -161,8 +153,20 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 		// command that never reads its stdin must not hold the call.
 		WaitDelay: lingerGrace,
 	}
+	// The timeout runs from here: a command can be stopped (by the sandbox
+	// user, whose process it is as soon as it changed its ids) before it
+	// executes its program, and then its start does not return. Its
+	// timeout or cancel kills it there too.
+	runCtx, cancelRun := ctx, context.CancelFunc(func() {})
+	if req.TimeoutMillis > 0 {
+		runCtx, cancelRun = context.WithTimeout(ctx, time.Duration(req.TimeoutMillis)*time.Millisecond)
+	}
+	defer cancelRun()
+	unwatch := context.AfterFunc(runCtx, func() { killTree(0, group) })
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	err = startAs(cmd, s.opts.User, group)
+	killedAtStart := !unwatch()
+	if err != nil {
 		outR.Close()
 		outW.Close()
 		errR.Close()
@@ -186,28 +190,24 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 
-	var timeout <-chan time.Time
-	if req.TimeoutMillis > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutMillis) * time.Millisecond)
-		defer t.Stop()
-		timeout = t.C
-	}
 	pgid := cmd.Process.Pid
 	var waitErr error
+	stopped := func() {
+		if ctx.Err() != nil {
+			res.Cancelled = true
+		} else {
+			res.TimedOut = true
+		}
+	}
 	select {
 	case waitErr = <-waited:
-	case <-timeout:
-		res.TimedOut = true
-		res.Killed = killTree(pgid, marker)
+		if killedAtStart {
+			stopped()
+		}
+	case <-runCtx.Done():
+		stopped()
+		res.Killed = killTree(pgid, group)
 		waitErr = <-waited
-	case <-ctx.Done():
-		res.Cancelled = true
-		res.Killed = killTree(pgid, marker)
-		waitErr = <-waited
-	}
-	if res.TimedOut || res.Cancelled {
-		// Catch what was forked while the first sweep ran.
-		res.Killed += killTree(pgid, marker)
 	}
 	res.DurationNano = int64(time.Since(start))
 
@@ -263,7 +263,10 @@ func (s *server) pump(id uint64, kind agentproto.Kind, r *os.File, max int64) in
 }
 
 func startError(name, prog string, err error) error {
+	var pe *agentproto.Error
 	switch {
+	case errors.As(err, &pe):
+		return pe
 	case errors.Is(err, os.ErrNotExist):
 		return agentproto.Errorf(agentproto.CodeNotFound, "program %q (%s) does not exist", name, prog)
 	case errors.Is(err, os.ErrPermission):
@@ -276,12 +279,4 @@ func startError(name, prog string, err error) error {
 		return agentproto.Errorf(agentproto.CodeNotFound, "cannot start %q: %v", name, err)
 	}
 	return agentproto.Errorf(agentproto.CodeInternal, "cannot start %q: %v", name, err)
-}
-
-func newMarker() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("marker: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
 }

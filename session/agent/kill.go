@@ -2,112 +2,226 @@ package agent
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// proc is what killTree needs to know of a process.
-type proc struct {
-	pid, ppid, pgid int
-	zombie          bool
+// Bounds of one killTree.
+const (
+	// killRounds bounds the stop-and-rescan rounds; each round stops every
+	// member it finds, so only processes forked while a round ran are left
+	// for the next.
+	killRounds = 32
+	// killSettle bounds the wait for the killed members to be gone (a
+	// SIGKILLed process is gone as soon as the kernel has torn it down).
+	killSettle = 2 * time.Second
+)
+
+// procInfo is what killTree needs to know of a process.
+type procInfo struct {
+	pid    int
+	live   bool
+	groups []uint32
 }
 
-// killTree kills every process a command started and returns how many it
-// signalled. A process belongs to the command when it is in the command's
-// process group (pgid, which is the command's pid), carries the command's
-// marker in its environment, or descends from such a process. That covers
-// background jobs, nohup, setsid and double forks. Each round stops the
-// processes it finds before looking again, so nothing can fork its way out
-// while the agent looks; then all of them are killed.
+func (p procInfo) in(group uint32) bool {
+	for _, g := range p.groups {
+		if g == group {
+			return true
+		}
+	}
+	return false
+}
+
+// killTree kills every process of a command and returns how many it
+// signalled. A process belongs to the command when it holds the command's
+// supplementary group: the command was started in it, every process inherits
+// it, and none can leave it (that needs CAP_SETGID). Leaving the process
+// group, double forks, a new session, a cleared environment and a cleared
+// dumpable flag change nothing: /proc/<pid>/status shows the groups of every
+// process.
 //
-// A process that both leaves the group and replaces its environment, and
-// whose parent has already exited, is not found; it dies with the sandbox.
-func killTree(pgid int, marker string) int {
-	self := os.Getpid()
-	needle := []byte(MarkerVar + "=" + marker + "\x00")
-	found := map[int]bool{}
-	// The group first: it holds the command itself.
-	_ = syscall.Kill(-pgid, syscall.SIGSTOP)
-	for round := 0; round < 16; round++ {
-		procs := scanProcs()
+// The process group (pgid > 0; the command's pid while the command has not
+// been waited for) is stopped first. Then each round stops every member it
+// finds, so nothing can fork its way out while the agent looks, until a
+// round finds no new member. Then all are killed, and the group is swept
+// until no live process holds it.
+func killTree(pgid int, group uint32) int {
+	if pgid > 0 {
+		_ = syscall.Kill(-pgid, syscall.SIGSTOP)
+	}
+	found := map[int]*member{}
+	defer func() {
+		for _, m := range found {
+			m.close()
+		}
+	}()
+	for range killRounds {
 		added := false
-		// Iterate to a fixed point so descendants of descendants are found.
-		for changed := true; changed; {
-			changed = false
-			for _, p := range procs {
-				if p.pid == self || p.pid == 1 || found[p.pid] || p.zombie {
-					continue
-				}
-				if p.pgid == pgid || found[p.ppid] || hasMarker(p.pid, needle) {
-					found[p.pid] = true
-					_ = syscall.Kill(p.pid, syscall.SIGSTOP)
-					changed, added = true, true
-				}
+		for _, p := range scanProcs() {
+			if !p.live || found[p.pid] != nil || !p.in(group) {
+				continue
+			}
+			if m := openMember(p.pid, group); m != nil {
+				found[p.pid] = m
+				m.signal(unix.SIGSTOP)
+				added = true
 			}
 		}
 		if !added {
 			break
 		}
 	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	for pid := range found {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	if pgid > 0 {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	for _, m := range found {
+		m.signal(unix.SIGKILL)
+	}
+	// A fork in flight when its parent was stopped may have left a member
+	// no round saw: kill whatever still holds the group.
+	deadline := time.Now().Add(killSettle)
+	for time.Now().Before(deadline) {
+		left := false
+		for _, p := range scanProcs() {
+			if !p.live || !p.in(group) {
+				continue
+			}
+			left = true
+			if found[p.pid] == nil {
+				if m := openMember(p.pid, group); m != nil {
+					found[p.pid] = m
+				}
+			}
+			if m := found[p.pid]; m != nil {
+				m.signal(unix.SIGKILL)
+			}
+		}
+		if !left {
+			break
+		}
+		time.Sleep(time.Millisecond)
 	}
 	return len(found)
 }
 
-// scanProcs lists the processes visible in /proc.
-func scanProcs() []proc {
+// member is a process found in a command's group, held by a pidfd so that a
+// signal never reaches another process that took its pid.
+type member struct {
+	pid, fd int // fd -1: no pidfd (kernel before 5.3), signal by pid
+}
+
+// openMember opens pid and checks, after opening it, that it still holds
+// group: the pidfd then names that very process.
+func openMember(pid int, group uint32) *member {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if !errors.Is(err, unix.ENOSYS) {
+			return nil // gone already
+		}
+		fd = -1
+	}
+	m := &member{pid: pid, fd: fd}
+	if p, ok := readStatus(pid); !ok || !p.in(group) {
+		m.close()
+		return nil
+	}
+	return m
+}
+
+func (m *member) signal(sig unix.Signal) {
+	if m.fd < 0 {
+		_ = unix.Kill(m.pid, sig)
+		return
+	}
+	_ = unix.PidfdSendSignal(m.fd, sig, nil, 0)
+}
+
+func (m *member) close() {
+	if m.fd >= 0 {
+		unix.Close(m.fd)
+		m.fd = -1
+	}
+}
+
+// scanProcs lists the processes visible in /proc, the agent and PID 1 left
+// out.
+func scanProcs() []procInfo {
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil
 	}
 	defer d.Close()
 	names, _ := d.Readdirnames(-1)
-	out := make([]proc, 0, len(names))
+	self := os.Getpid()
+	out := make([]procInfo, 0, len(names))
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
-		if err != nil {
+		if err != nil || pid == self || pid == 1 {
 			continue
 		}
-		if p, ok := readStat(pid); ok {
+		if p, ok := readStatus(pid); ok {
 			out = append(out, p)
 		}
 	}
 	return out
 }
 
-// readStat parses /proc/<pid>/stat. The command name may hold spaces and
-// parentheses, so fields are counted from the last ')'.
-func readStat(pid int) (proc, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+// readStatus parses the State and Groups lines of /proc/<pid>/status,
+// which every process may read, whatever the target's dumpable flag.
+func readStatus(pid int) (procInfo, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return proc{}, false
+		return procInfo{}, false
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return proc{}, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// state ppid pgrp session ...
-	if len(f) < 4 {
-		return proc{}, false
-	}
-	ppid, err1 := strconv.Atoi(f[1])
-	pgid, err2 := strconv.Atoi(f[2])
-	if err1 != nil || err2 != nil {
-		return proc{}, false
-	}
-	return proc{pid: pid, ppid: ppid, pgid: pgid, zombie: f[0] == "Z" || f[0] == "X"}, true
+	return parseStatus(pid, b)
 }
 
-func hasMarker(pid int, needle []byte) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-	if err != nil {
-		return false
+func parseStatus(pid int, b []byte) (procInfo, bool) {
+	p := procInfo{pid: pid}
+	seen := 0
+	for line := range bytes.Lines(b) {
+		key, val, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(val)
+		switch string(key) {
+		case "State":
+			if len(f) == 0 {
+				return p, false
+			}
+			// Z (zombie) and X (dead) hold no resources worth a signal.
+			p.live = f[0][0] != 'Z' && f[0][0] != 'X'
+			seen++
+		case "Groups":
+			for _, g := range f {
+				v, err := strconv.ParseUint(string(g), 10, 32)
+				if err != nil {
+					return p, false
+				}
+				p.groups = append(p.groups, uint32(v))
+			}
+			seen++
+		}
 	}
-	// environ entries are NUL-terminated; match a whole entry.
-	return bytes.HasPrefix(b, needle) || bytes.Contains(b, append([]byte{0}, needle...))
+	return p, seen == 2
+}
+
+// groupsInUse returns the supplementary groups of every live process.
+func groupsInUse() map[uint32]bool {
+	out := map[uint32]bool{}
+	for _, p := range scanProcs() {
+		if p.live {
+			for _, g := range p.groups {
+				out[g] = true
+			}
+		}
+	}
+	return out
 }

@@ -25,8 +25,11 @@ type Options struct {
 	// Workspace is the directory file operations are confined to.
 	Workspace string
 	// Env is the base environment of every command (NAME=VALUE). The
-	// request's variables and the per-command marker are added to it.
+	// request's variables and PWD are added to it.
 	Env []string
+	// User is the sandbox user commands run as. Required; the process must
+	// have been through DropPrivileges(User).
+	User User
 	// Path is the list of directories programs are looked up in. Relative
 	// entries and entries inside the workspace are ignored.
 	Path []string
@@ -36,10 +39,11 @@ type Options struct {
 
 // server is one protocol connection.
 type server struct {
-	opts Options
-	ws   *Workspace
-	log  *slog.Logger
-	path []string
+	opts   Options
+	ws     *Workspace
+	log    *slog.Logger
+	path   []string
+	groups *groupPool
 
 	wmu sync.Mutex
 	w   *agentproto.Writer
@@ -68,11 +72,15 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	// Keep same-uid processes out of /proc/<agent>/fd and /proc/<agent>/mem:
-	// the sandboxed code must not write into the protocol stream or read the
-	// agent's memory. Children get their own dumpable flag at execve.
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		log.Warn("agent: cannot clear dumpable flag", "err", err)
+	if err := opts.User.check(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	groups, err := newGroupPool(opts.User)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if _, ok := readStatus(os.Getpid()); !ok {
+		log.Warn("agent: /proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
 	}
 	ws, err := OpenWorkspace(opts.Workspace)
 	if err != nil {
@@ -81,18 +89,23 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	defer ws.Close()
 
 	s := &server{
-		opts:  opts,
-		ws:    ws,
-		log:   log,
-		path:  cleanSearchPath(opts.Path, opts.Workspace),
-		w:     agentproto.NewWriter(out),
-		calls: make(map[uint64]*call),
+		opts:   opts,
+		ws:     ws,
+		log:    log,
+		path:   cleanSearchPath(opts.Path, opts.Workspace),
+		groups: groups,
+		w:      agentproto.NewWriter(out),
+		calls:  make(map[uint64]*call),
 	}
 	s.lastFrame.Store(time.Now().UnixNano())
 
-	uid := os.Getuid()
+	r, e, sv := unix.Getresuid()
+	rg, eg, sg := unix.Getresgid()
 	if err := s.send(0, agentproto.KindHello, agentproto.Hello{
-		Version: agentproto.Version, Agent: BuildVersion, PID: os.Getpid(), UID: uid, Workspace: opts.Workspace,
+		Version: agentproto.Version, Agent: BuildVersion, PID: os.Getpid(), UID: e, Workspace: opts.Workspace,
+		UIDs: [3]int{r, e, sv}, GIDs: [3]int{rg, eg, sg},
+		CommandUID: opts.User.UID, CommandGID: opts.User.GID,
+		CommandGroups: [2]uint32{groups.first, groups.count},
 	}, nil); err != nil {
 		return fmt.Errorf("agent: send hello: %w", err)
 	}

@@ -46,10 +46,13 @@
 //
 // # Trust
 //
-// The agent runs beside the sandboxed code, as the same user, so the server
-// treats everything it sends as untrusted input: frame sizes are bounded, every
-// header is decoded into a fixed type and validated, streams are counted
-// against the caps the server asked for, and a violation ends the connection.
+// The sandboxed code cannot reach the stream: the container's init and the
+// agent keep uid 0 as their real and saved uid, and the sandbox user can
+// neither signal nor trace them nor open their /proc files. The agent still
+// runs beside that code, so the server treats everything it sends as
+// untrusted input: frame sizes are bounded, every header is decoded into a
+// fixed type and validated, streams are counted against the caps the server
+// asked for, and a violation ends the connection.
 //
 // # Versioning
 //

@@ -10,8 +10,19 @@ type Hello struct {
 	Version   int    `json:"version"`   // protocol version the agent speaks
 	Agent     string `json:"agent"`     // agent build, for logs
 	PID       int    `json:"pid"`       // the agent's pid inside the container
-	UID       int    `json:"uid"`       // the uid it runs as
+	UID       int    `json:"uid"`       // the effective uid its file operations run as
 	Workspace string `json:"workspace"` // absolute path of the workspace root
+
+	// The agent's real, effective and saved uids and gids, as the kernel
+	// reports them: 0, the sandbox user's, 0. The server logs them.
+	UIDs [3]int `json:"uids"`
+	GIDs [3]int `json:"gids"`
+	// CommandUID and CommandGID are the ids every command runs as.
+	CommandUID int `json:"command_uid"`
+	CommandGID int `json:"command_gid"`
+	// CommandGroups is the first and the count of the supplementary group
+	// ids the agent gives commands, one each.
+	CommandGroups [2]uint32 `json:"command_groups"`
 }
 
 // Lease tells the agent how long to live without hearing from the server.
