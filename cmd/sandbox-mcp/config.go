@@ -364,10 +364,13 @@ func checkEnv(env, tokens []string) error {
 	return errors.Join(errs...)
 }
 
-// memoryBase is the server's memory besides calls in flight, at most: the
-// process with its sessions (a fraction of a MiB each) and the requests
-// being read.
-const memoryBase = 64 << 20
+// memoryBase is what the soft memory limit allows the server besides calls
+// in flight: the idle process (about 12 MiB as the Go runtime counts it),
+// its sessions (a fraction of a MiB each) and the request being read. With
+// the binary's own pages, which the runtime does not count, and the limit
+// being soft, the server's RSS stays under its idle RSS plus what calls may
+// hold plus 64 MiB.
+const memoryBase = 48 << 20
 
 // MemoryLimit is the soft limit given to the Go runtime (GOMEMLIMIT) unless
 // the environment sets one: what calls in flight may hold, and the base.
