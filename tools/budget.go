@@ -13,10 +13,10 @@ import (
 )
 
 // budget bounds the bytes that calls in flight may hold: in all, and per
-// key (an MCP session, see budgetKey). A reservation takes from both at once or from neither,
-// so calls never wait on each other while holding part of what they need.
-// A call that does not fit waits a bounded time for others to give bytes
-// back, then is refused; nothing waits forever.
+// key (an MCP session, see budgetKey). A reservation takes from both at
+// once or from neither, so calls never wait on each other while holding
+// part of what they need. A call that does not fit waits a bounded time for
+// others to give bytes back, then is refused; nothing waits forever.
 type budget struct {
 	total, perKey int64
 
@@ -61,7 +61,8 @@ func mib(n int64) string {
 	return fmt.Sprintf("%d.%d MiB", tenths/10, tenths%10)
 }
 
-// fits reports whether n more bytes fit for key, or why not. b.mu is held.
+// fits returns nil if n more bytes fit for key, or why they do not. b.mu is
+// held.
 func (b *budget) fits(key string, n int64) *busyError {
 	if k := b.byKey[key]; key != "" && k+n > b.perKey {
 		return &busyError{session: true, used: k, limit: b.perKey, need: n}
@@ -155,11 +156,10 @@ func (r *reservation) resize(n int64) error {
 	r.b.mu.Lock()
 	defer r.b.mu.Unlock()
 	if n > r.n {
-		busy := r.b.fits(r.key, n-r.n)
-		if busy != nil && n > busy.limit {
-			busy.need = n // it would not fit even alone
-		}
-		if busy != nil {
+		if busy := r.b.fits(r.key, n-r.n); busy != nil {
+			if n > busy.limit {
+				busy.need = n // it would not fit even alone
+			}
 			return busy
 		}
 	}
