@@ -89,6 +89,10 @@ const (
 	DefaultPids              = 256
 	DefaultMaxExecs          = 4
 	DefaultListEntries       = 1000
+	// DefaultMaxInflightBytes and DefaultMaxSessionInflightBytes bound the
+	// memory the server holds for tool calls in flight (see cost.go).
+	DefaultMaxInflightBytes        = 1 << 30
+	DefaultMaxSessionInflightBytes = 256 << 20
 	// MaxListEntries is the ceiling for sandbox_list's max_entries.
 	MaxListEntries = 10000
 	// MaxPathBytes is the longest path a tool accepts.
@@ -116,6 +120,14 @@ type Policy struct {
 	Network              NetworkMode `json:"network"`
 	AllowHosts           []string    `json:"allow_host,omitempty"`
 	AllowPrivateNetworks bool        `json:"allow_private_networks"`
+
+	// MaxInflightBytes bounds the memory the server holds for the file,
+	// list, snapshot and resource calls in flight, and for large call
+	// arguments, all sessions together; MaxSessionInflightBytes bounds it
+	// for one MCP session (which has one sandbox). A call reserves what it
+	// may hold (see cost.go) before it starts.
+	MaxInflightBytes        int64 `json:"max_inflight_bytes"`
+	MaxSessionInflightBytes int64 `json:"max_session_inflight_bytes"`
 }
 
 // Default returns the policy of SPEC §3's defaults.
@@ -132,6 +144,9 @@ func Default() Policy {
 		Pids:              DefaultPids,
 		MaxExecs:          DefaultMaxExecs,
 		Network:           NetworkNone,
+
+		MaxInflightBytes:        DefaultMaxInflightBytes,
+		MaxSessionInflightBytes: DefaultMaxSessionInflightBytes,
 	}
 }
 
@@ -186,6 +201,9 @@ func (p Policy) Validate() error {
 	}
 	if p.MaxExecs < 1 {
 		bad("--max-execs must be at least 1")
+	}
+	if err := p.validateInflight(); err != nil {
+		errs = append(errs, err)
 	}
 	switch p.Network {
 	case NetworkNone:

@@ -1,7 +1,6 @@
 package session
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -154,16 +153,30 @@ type ReadResult struct {
 	Truncated bool
 }
 
+// readFile reads up to maxBytes of a file (and no more than length, when
+// length is not 0). The data frames are copied once, into a buffer that
+// starts at one chunk and, for a longer file, grows once to the most the
+// read may return; so a small read does not allocate the cap, and a large
+// one is not copied again and again as a doubling buffer would be.
 func (c *conn) readFile(ctx context.Context, path string, offset, length, maxBytes int64) (ReadResult, error) {
 	var res ReadResult
-	var buf bytes.Buffer
+	limit := maxBytes
+	if length > 0 && length < limit {
+		limit = length
+	}
+	buf := make([]byte, 0, min(limit, agentproto.ChunkSize))
 	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead,
 		agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes}, nil,
 		func(p []byte) error {
-			if int64(buf.Len()+len(p)) > maxBytes {
-				return fmt.Errorf("%w: read returned more than the %d bytes asked for", errProtocol, maxBytes)
+			if int64(len(buf)+len(p)) > limit {
+				return fmt.Errorf("%w: read returned more than the %d bytes asked for", errProtocol, limit)
 			}
-			buf.Write(p)
+			if len(buf)+len(p) > cap(buf) {
+				grown := make([]byte, len(buf), limit)
+				copy(grown, buf)
+				buf = grown
+			}
+			buf = append(buf, p...)
 			return nil
 		},
 		func(f agentproto.Frame) error {
@@ -171,7 +184,7 @@ func (c *conn) readFile(ctx context.Context, path string, offset, length, maxByt
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
-			res = ReadResult{Data: buf.Bytes(), Size: max(r.Size, 0), Truncated: r.Truncated}
+			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated}
 			return nil
 		})
 	return res, err
@@ -183,11 +196,19 @@ type WriteResult struct {
 	Size    int64
 }
 
-func (c *conn) writeFile(ctx context.Context, path string, data []byte, appendTo bool, mode uint32) (WriteResult, error) {
+// writeFile writes exactly size bytes read from r. The content goes to the
+// agent a chunk at a time, so the server never holds a second copy of it.
+// If r fails or ends early, the agent is sent less than size bytes, which
+// leaves the file as it was, and r's error is returned.
+func (c *conn) writeFile(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (WriteResult, error) {
 	var res WriteResult
+	var inErr error
 	err := c.roundTrip(ctx, opTimeout, agentproto.KindWrite,
-		agentproto.WriteRequest{Path: path, Append: appendTo, Mode: mode, Size: int64(len(data))},
-		func(p *pending) error { return c.sendData(p, data) },
+		agentproto.WriteRequest{Path: path, Append: appendTo, Mode: mode, Size: size},
+		func(p *pending) error {
+			inErr = c.sendFrom(p, r, size)
+			return inErr
+		},
 		nil,
 		func(f agentproto.Frame) error {
 			var r agentproto.WriteResult
@@ -197,31 +218,75 @@ func (c *conn) writeFile(ctx context.Context, path string, data []byte, appendTo
 			res = WriteResult{Written: r.Written, Size: r.Size}
 			return nil
 		})
+	// roundTrip waited for the input to be sent, so inErr is set.
+	var local errLocal
+	if errors.As(inErr, &local) {
+		return res, local.err
+	}
 	return res, err
+}
+
+// sendFrom sends exactly size bytes of r as data frames, then eof. A read
+// error or an early end of r is an errLocal; eof is still sent, so the agent
+// sees a short input and leaves the file alone.
+func (c *conn) sendFrom(p *pending, r io.Reader, size int64) error {
+	buf := make([]byte, min(size, agentproto.ChunkSize))
+	var sent int64
+	for sent < size {
+		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-sent)])
+		if n > 0 {
+			if err := c.send(p.id, agentproto.KindData, nil, buf[:n]); err != nil {
+				return err
+			}
+			sent += int64(n)
+		}
+		if err != nil {
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				err = fmt.Errorf("the content ended after %d of %d bytes", sent, size)
+			}
+			if serr := c.send(p.id, agentproto.KindEOF, nil, nil); serr != nil {
+				return serr
+			}
+			return errLocal{err}
+		}
+	}
+	return c.send(p.id, agentproto.KindEOF, nil, nil)
 }
 
 // Entry is one listed file.
 type Entry = agentproto.Entry
 
+// errListFull stops a list whose stream passed its byte cap.
+var errListFull = errors.New("the list passed its byte cap")
+
+// list lists a directory, at most maxEntries entries and
+// policy.ListBytes(maxEntries) bytes of the agent's stream: a list past
+// either is cut short and reported truncated.
 func (c *conn) list(ctx context.Context, path string, recursive bool, maxEntries int) ([]Entry, bool, error) {
 	var entries []Entry
 	var truncated bool
+	var got int64
+	maxBytes := policy.ListBytes(maxEntries)
 	err := c.roundTrip(ctx, opTimeout, agentproto.KindList,
 		agentproto.ListRequest{Path: path, Recursive: recursive, Max: maxEntries}, nil,
 		func(p []byte) error {
-			sc := bufio.NewScanner(bytes.NewReader(p))
-			sc.Buffer(make([]byte, 0, 64<<10), agentproto.MaxPayload)
-			for sc.Scan() {
+			// One JSON line per entry, each in one frame.
+			for len(p) > 0 {
+				line, rest, _ := bytes.Cut(p, []byte{'\n'})
+				if got += int64(len(line)) + 1; got > maxBytes {
+					return errLocal{errListFull}
+				}
 				var e Entry
-				if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				if err := json.Unmarshal(line, &e); err != nil {
 					return fmt.Errorf("%w: list entry: %v", errProtocol, err)
 				}
 				if len(entries) >= maxEntries || !validEntry(e) {
 					return fmt.Errorf("%w: list entry out of bounds", errProtocol)
 				}
 				entries = append(entries, e)
+				p = rest
 			}
-			return sc.Err()
+			return nil
 		},
 		func(f agentproto.Frame) error {
 			var r agentproto.ListResult
@@ -231,6 +296,9 @@ func (c *conn) list(ctx context.Context, path string, recursive bool, maxEntries
 			truncated = r.Truncated
 			return nil
 		})
+	if errors.Is(err, errListFull) {
+		return entries, true, nil
+	}
 	return entries, truncated, err
 }
 

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -237,13 +238,20 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, offset, length, max
 
 // WriteFile writes (or appends to) a file.
 func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, appendTo bool, mode uint32) (WriteResult, error) {
+	return s.WriteFileFrom(ctx, path, bytes.NewReader(data), int64(len(data)), appendTo, mode)
+}
+
+// WriteFileFrom writes (or appends to) a file the size bytes read from r,
+// streamed to the sandbox without a copy of the whole content. If r fails
+// or holds fewer bytes, the file is left as it was and r's error returned.
+func (s *Sandbox) WriteFileFrom(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (WriteResult, error) {
 	ctx, end := s.begin(ctx)
 	defer end()
 	inst, err := s.ready(ctx)
 	if err != nil {
 		return WriteResult{}, err
 	}
-	res, err := inst.conn.writeFile(ctx, path, data, appendTo, mode)
+	res, err := inst.conn.writeFile(ctx, path, r, size, appendTo, mode)
 	return res, s.failed(inst, err)
 }
 

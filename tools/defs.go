@@ -23,6 +23,9 @@ type Tool struct {
 
 // All returns every tool, bound to d.
 func All(d *Deps) []Tool {
+	if d.budget == nil {
+		d.budget = newBudget(d.Policy.MaxInflightBytes, d.Policy.MaxSessionInflightBytes)
+	}
 	return []Tool{
 		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
 		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
@@ -44,7 +47,7 @@ func Register(s *mcp.Server, d *Deps) {
 		t.add(s, t.Def)
 	}
 	registerResources(s, d)
-	s.AddReceivingMiddleware(codeErrors, d.listSnapshots)
+	s.AddReceivingMiddleware(codeErrors, d.listSnapshots, d.holdArguments)
 }
 
 func ptr[T any](v T) *T { return &v }

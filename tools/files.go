@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -46,39 +47,68 @@ func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolR
 	if dec := policy.CheckRange(in.Offset, in.Length); !dec.Allow {
 		return nil, out, denied(dec)
 	}
+	const advice = "or read less at once with offset and length"
+	if err := d.reserve(ctx, c, policy.ReadReserve(d.Policy.ReadLimit(in.Length)), reserveWait, advice); err != nil {
+		return nil, out, err
+	}
 	res, err := sb.ReadFile(ctx, rel, in.Offset, in.Length, d.Policy.MaxFileBytes)
 	if err != nil {
 		return nil, out, err
 	}
+	n := len(res.Data)
 	out.Path = rel
 	out.Size = res.Size
 	out.Truncated = res.Truncated
-	if utf8.Valid(res.Data) {
-		out.Content, out.Encoding = string(res.Data), "utf-8"
-	} else {
-		out.Content, out.Encoding = base64.StdEncoding.EncodeToString(res.Data), "base64"
-	}
-	c.bytes = int64(len(res.Data))
+	c.bytes = int64(n)
 
-	var text strings.Builder
-	fmt.Fprintf(&text, "%s: %d of %d bytes from offset %d", rel, len(res.Data), res.Size, in.Offset)
-	if out.Encoding == "base64" {
-		text.WriteString(", base64 (not valid UTF-8)")
+	valid := utf8.Valid(res.Data)
+	var head strings.Builder
+	fmt.Fprintf(&head, "%s: %d of %d bytes from offset %d", rel, n, res.Size, in.Offset)
+	if !valid {
+		head.WriteString(", base64 (not valid UTF-8)")
 	}
 	if res.Truncated {
-		fmt.Fprintf(&text, "; truncated at this server's cap of %d bytes, read the rest with offset=%d", d.Policy.MaxFileBytes, in.Offset+int64(len(res.Data)))
+		fmt.Fprintf(&head, "; truncated at this server's cap of %d bytes, read the rest with offset=%d", d.Policy.MaxFileBytes, in.Offset+int64(n))
 	}
-	text.WriteString("\n")
-	if out.Encoding == "utf-8" {
-		text.WriteString(out.Content)
+	head.WriteString("\n")
+
+	// The content is copied once from the agent's buffer into the string the
+	// result carries: text shares it between the text a model reads and the
+	// structured content field; base64 is encoded straight into its string.
+	var text string
+	if valid {
+		var b strings.Builder
+		b.Grow(head.Len() + n)
+		b.WriteString(head.String())
+		b.Write(res.Data)
+		text = b.String()
+		out.Content, out.Encoding = text[head.Len():], "utf-8"
 	} else {
+		var b strings.Builder
+		b.Grow(base64.StdEncoding.EncodedLen(n))
+		enc := base64.NewEncoder(base64.StdEncoding, &b)
+		enc.Write(res.Data) // a strings.Builder does not fail
+		enc.Close()
+		out.Content, out.Encoding = b.String(), "base64"
 		// Base64 is no use to read; it is in the structured result's
 		// content field once, not twice.
-		text.WriteString("[binary: the bytes are in the result's content field, base64-encoded; to look at them, run e.g. `od -c` or `xxd` with sandbox_exec]\n")
+		text = head.String() + "[binary: the bytes are in the result's content field, base64-encoded; to look at them, run e.g. `od -c` or `xxd` with sandbox_exec]\n"
 	}
-	content := []mcp.Content{&mcp.TextContent{Text: text.String()}}
-	if mime := imageType(res.Data); mime != "" && in.Offset == 0 && !res.Truncated && int64(len(res.Data)) == res.Size {
+	content := []mcp.Content{&mcp.TextContent{Text: text}}
+	// Now that the content is known, hold what its response takes: the
+	// JSON of the text and the structured content (text escaped as JSON,
+	// or base64), and an image's bytes and their base64.
+	jsonBytes := policy.JSONLen(text) + int64(len(out.Content)) + 2 // base64 needs no escapes
+	if out.Encoding == "utf-8" {
+		jsonBytes = policy.JSONLen(head.String()) + 2*policy.JSONLen(out.Content)
+	}
+	var kept int64
+	if mime := imageType(res.Data); mime != "" && in.Offset == 0 && !res.Truncated && int64(n) == res.Size {
 		content = append(content, &mcp.ImageContent{Data: res.Data, MIMEType: mime})
+		kept, jsonBytes = int64(cap(res.Data)), jsonBytes+policy.Base64Len(int64(n))
+	}
+	if err := c.resize(kept+policy.ResponseCost(jsonBytes), "or read it in smaller parts with offset and length"); err != nil {
+		return nil, out, err
 	}
 	return &mcp.CallToolResult{Content: content}, out, nil
 }
@@ -131,22 +161,33 @@ func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToo
 	if !dec.Allow {
 		return nil, out, denied(dec)
 	}
-	var data []byte
+	// The arguments hold their own reservation (holdArguments); the
+	// content is in memory already, so a write that does not fit is
+	// refused at once, and they are freed.
+	if err := d.reserve(ctx, c, policy.StreamReserve(), 0, "or write the content in smaller parts with append"); err != nil {
+		return nil, out, err
+	}
+	// The content is streamed to the sandbox from the argument string, text
+	// as it is and base64 decoded on the way: the server holds no second
+	// copy of it.
+	var src io.Reader
+	var size int64
 	switch in.Encoding {
 	case "", "utf-8":
-		data = []byte(in.Content)
+		src, size = strings.NewReader(in.Content), int64(len(in.Content))
 	case "base64":
-		data, err = base64.StdEncoding.DecodeString(in.Content)
+		size, err = base64Size(in.Content)
 		if err != nil {
 			return nil, out, &toolError{code: policy.InvalidArgument, msg: fmt.Sprintf("content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)}
 		}
+		src = base64.NewDecoder(base64.StdEncoding, strings.NewReader(in.Content))
 	default:
 		return nil, out, &toolError{code: policy.InvalidArgument, msg: fmt.Sprintf("encoding %q is not supported; use utf-8 or base64", in.Encoding)}
 	}
-	if dec := d.Policy.CheckWriteSize(int64(len(data))); !dec.Allow {
+	if dec := d.Policy.CheckWriteSize(size); !dec.Allow {
 		return nil, out, denied(dec)
 	}
-	res, err := sb.WriteFile(ctx, rel, data, in.Append, mode)
+	res, err := sb.WriteFileFrom(ctx, rel, src, size, in.Append, mode)
 	if err != nil {
 		return nil, out, err
 	}
@@ -157,6 +198,21 @@ func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToo
 		verb = "appended"
 	}
 	return textResult(fmt.Sprintf("%s %d bytes to %s (now %d bytes)", verb, res.Written, rel, res.Size)), out, nil
+}
+
+// base64Size returns the number of bytes s decodes to, or the error
+// base64.StdEncoding.DecodeString gives for it, without holding the
+// decoded bytes.
+func base64Size(s string) (int64, error) {
+	n, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(s)))
+	if err != nil {
+		// The streaming decoder counts offsets per chunk; DecodeString
+		// names the offending byte in the whole content.
+		if _, whole := base64.StdEncoding.DecodeString(s); whole != nil {
+			err = whole
+		}
+	}
+	return n, err
 }
 
 // ListIn is sandbox_list's input.
@@ -200,10 +256,14 @@ func (d *Deps) list(ctx context.Context, c *call, in ListIn) (*mcp.CallToolResul
 	if !dec.Allow {
 		return nil, out, denied(dec)
 	}
+	if err := d.reserve(ctx, c, policy.ListReserve(n), reserveWait, "or list fewer entries with max_entries"); err != nil {
+		return nil, out, err
+	}
 	entries, truncated, err := sb.List(ctx, rel, in.Recursive, n)
 	if err != nil {
 		return nil, out, err
 	}
+	out.Entries = make([]ListEntry, 0, len(entries))
 	out.Path, out.Truncated = rel, truncated
 	var text strings.Builder
 	for _, e := range entries {
@@ -228,12 +288,28 @@ func (d *Deps) list(ctx context.Context, c *call, in ListIn) (*mcp.CallToolResul
 	if len(entries) == 0 {
 		fmt.Fprintf(&text, "%s is empty\n", rel)
 	}
-	if truncated {
+	switch {
+	case truncated && len(entries) < n:
+		fmt.Fprintf(&text, "[truncated after %d entries: their paths passed this server's cap of %d bytes of listing for %d entries; list a subdirectory]\n", len(entries), policy.ListBytes(n), n)
+	case truncated:
 		fmt.Fprintf(&text, "[truncated at %d entries; list a subdirectory, or raise max_entries]\n", n)
 	}
 	c.bytes = int64(len(entries))
+	// Hold what the rendered entries and their response take: each entry
+	// is in the text and in the structured content.
+	jsonBytes := policy.JSONLen(text.String())
+	for _, e := range out.Entries {
+		jsonBytes += policy.JSONLen(e.Path) + policy.JSONLen(e.Target) + policy.JSONLen(e.MTime) + listEntryJSON
+	}
+	if err := c.resize(policy.ListCost(len(entries), jsonBytes), "or list fewer entries with max_entries"); err != nil {
+		return nil, out, err
+	}
 	return textResult(text.String()), out, nil
 }
+
+// listEntryJSON is the JSON of a ListEntry besides its path, target and
+// mtime: keys, punctuation, type, size and mode.
+const listEntryJSON = 96
 
 func textResult(s string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}

@@ -3,11 +3,13 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
@@ -95,15 +97,45 @@ func registerResources(s *mcp.Server, d *Deps) {
 			return nil, err
 		}
 		contents := []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(meta)}}
-		if info.SizeBytes <= d.Policy.MaxFileBytes {
-			data, err := io.ReadAll(io.LimitReader(f, d.Policy.MaxFileBytes+1))
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if size := st.Size(); size <= d.Policy.MaxFileBytes {
+			// The archive is read once, into a buffer of its size, under a
+			// reservation of what it and its base64 in the response take,
+			// counted against the server and the reading session.
+			r, err := d.budget.reserve(ctx, budgetKey(req.Session), policy.ResourceReserve(size), reserveWait)
 			if err != nil {
-				return nil, err
+				return nil, resourceError(memoryError(err, ""))
+			}
+			// Given back when ctx ends, after the response is written;
+			// the deferred call registers that as the handler returns.
+			defer context.AfterFunc(ctx, r.release)
+			data := make([]byte, size)
+			if _, err := io.ReadFull(f, data); err != nil {
+				return nil, fmt.Errorf("reading snapshot %s: %w", id, err)
 			}
 			contents = append(contents, &mcp.ResourceContents{URI: uri, MIMEType: "application/x-tar", Blob: data})
 		}
 		return &mcp.ReadResourceResult{Contents: contents}, nil
 	})
+}
+
+// CodeBusy is the JSON-RPC error code of a resource read refused because
+// the server's memory for calls in flight is taken; the message starts
+// with BUSY and says what to do. It is in the range JSON-RPC leaves to
+// servers.
+const CodeBusy = -32000
+
+// resourceError turns a tool error into the JSON-RPC error a resource read
+// answers with.
+func resourceError(err error) error {
+	var te *toolError
+	if errors.As(err, &te) {
+		return &jsonrpc.Error{Code: CodeBusy, Message: te.Error()}
+	}
+	return err
 }
 
 // listSnapshots adds the caller's snapshots to resources/list (on its last

@@ -61,6 +61,9 @@ func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToo
 	if !session.ValidSnapshotID(in.ID) {
 		return nil, out, &toolError{code: policy.InvalidArgument, msg: fmt.Sprintf("%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)}
 	}
+	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
+		return nil, out, err
+	}
 	info, res, err := sb.Restore(ctx, in.ID)
 	if err != nil {
 		return nil, out, err

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
 // SnapshotIn is sandbox_snapshot's input.
@@ -33,6 +35,9 @@ func (d *Deps) snapshot(ctx context.Context, c *call, in SnapshotIn) (*mcp.CallT
 		return nil, out, err
 	}
 	out.Sandbox = sb.ID()
+	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
+		return nil, out, err
+	}
 	info, err := sb.Snapshot(ctx, in.Label)
 	if err != nil {
 		return nil, out, err

@@ -35,6 +35,10 @@ type Deps struct {
 	Logger     *slog.Logger
 	// Audit, if set, receives one record per tool call.
 	Audit func(Record)
+
+	// budget bounds the memory of calls in flight, from Policy's
+	// MaxInflightBytes and MaxSessionInflightBytes; All makes it.
+	budget *budget
 }
 
 // Record describes one tool call, for the log and the audit log.
@@ -72,6 +76,9 @@ type call struct {
 	sandbox string
 	bytes   int64
 	exit    *int
+	// held is the part of the memory budget the call holds (see
+	// Deps.reserve); the wrapper gives it back once the result is sent.
+	held *reservation
 }
 
 // handler is a tool's logic: decode is done by the SDK; it asks policy,
@@ -81,11 +88,28 @@ type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallTo
 
 // wrap turns a handler into an SDK handler that logs one record per call,
 // feeds the audit log, and sorts errors into tool errors and protocol errors.
-func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandlerFor[In, Out] {
-	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+//
+// The handler's output becomes the result's structured content as it is:
+// the SDK, given a typed output, would marshal it, unmarshal that into a
+// map to check it against the output schema (which is inferred from the same
+// type), and marshal it again, three transient copies of a read's content.
+// Returned as the result's value, it is encoded once, when the response is.
+//
+// The memory the call reserved is given back when ctx ends, which the SDK
+// does once the response is written, not when the handler returns: the
+// result is encoded and sent after that.
+func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandlerFor[In, any] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, any, error) {
 		start := time.Now()
 		c := &call{req: req}
 		res, out, err := h(ctx, c, in)
+		if c.held != nil {
+			if err != nil {
+				c.held.release() // an error carries no payload
+			} else {
+				context.AfterFunc(ctx, c.held.release)
+			}
+		}
 		rec := Record{
 			Time:     start.UTC(),
 			Caller:   d.Sessions.Owner(req),
@@ -130,7 +154,22 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 			rec.Args = req.Params.Arguments
 			d.Audit(rec)
 		}
-		return res, out, err
+		if err != nil {
+			return nil, nil, err
+		}
+		if res == nil {
+			res = &mcp.CallToolResult{}
+		}
+		res.StructuredContent = out
+		if res.Content == nil {
+			// As the SDK does for a typed output: the JSON as text too.
+			b, err := json.Marshal(out)
+			if err != nil {
+				return nil, nil, fmt.Errorf("tools: %s: marshal output: %w", name, err)
+			}
+			res.Content = []mcp.Content{&mcp.TextContent{Text: string(b)}}
+		}
+		return res, nil, nil
 	}
 }
 

@@ -103,6 +103,8 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Float64Var(&p.CPUs, "cpus", p.CPUs, "CPU limit of a sandbox")
 	fs.Int64Var(&p.Pids, "pids", p.Pids, "process limit of a sandbox")
 	fs.IntVar(&p.MaxExecs, "max-execs", p.MaxExecs, "commands one sandbox runs at once; more get BUSY")
+	fs.Var(&bytesValue{&p.MaxInflightBytes}, "max-inflight-bytes", "memory (`bytes`) the server holds at most for file, list, snapshot and resource calls in flight, all sandboxes together; more get BUSY")
+	fs.Var(&bytesValue{&p.MaxSessionInflightBytes}, "max-session-inflight-bytes", "memory (`bytes`) one sandbox's calls in flight may hold at most, within --max-inflight-bytes")
 	fs.Var(&choice{v: (*string)(&p.Network), allowed: []string{"none", "allowlist"}}, "network", "`mode`: none (no network at all) or allowlist (an internal network whose only way out is the egress proxy)")
 	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
@@ -360,6 +362,27 @@ func checkEnv(env, tokens []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// memoryBase is what the soft memory limit allows the server besides calls
+// in flight: the idle process (about 12 MiB as the Go runtime counts it),
+// its sessions (a fraction of a MiB each) and the request being read. With
+// the binary's own pages, which the runtime does not count, and the limit
+// being soft, the server's RSS stays under its idle RSS plus what calls may
+// hold plus 64 MiB.
+const memoryBase = 48 << 20
+
+// MemoryLimit is the soft limit given to the Go runtime (GOMEMLIMIT) unless
+// the environment sets one: what calls in flight may hold, and the base.
+// Near it the garbage collector runs more often, so garbage of finished
+// calls does not pile up beside the live calls' memory. Over stdio there is
+// one session, so one sandbox: its share is all calls may hold.
+func (c Config) MemoryLimit() int64 {
+	inflight := c.Policy.MaxInflightBytes
+	if c.HTTP.Addr == "" {
+		inflight = min(inflight, c.Policy.MaxSessionInflightBytes)
+	}
+	return inflight + memoryBase
 }
 
 func defaultStateDir(getenv func(string) string) string {
