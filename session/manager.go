@@ -122,6 +122,9 @@ type Manager struct {
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background work: removals, reaper, pings
+	// removals counts ReleaseSoon's removals still under way; Add happens
+	// under mu while the manager is open, so Close can wait for them.
+	removals sync.WaitGroup
 
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
@@ -312,13 +315,49 @@ func (m *Manager) Count() int {
 // Release removes the sandbox for key: its calls end and its container is
 // removed before Release returns.
 func (m *Manager) Release(key string) {
-	m.mu.Lock()
-	s := m.byKey[key]
-	delete(m.byKey, key)
-	m.mu.Unlock()
-	if s == nil {
-		return
+	if s, _ := m.detach(key, false); s != nil {
+		m.remove(s)
 	}
+}
+
+// ReleaseSoon ends the calls of the sandbox for key at once and removes its
+// container in the background, so an HTTP DELETE is answered without
+// waiting for the engine; Close waits for such removals. It reports whether
+// there was a sandbox.
+func (m *Manager) ReleaseSoon(key string) bool {
+	s, later := m.detach(key, true)
+	if s == nil {
+		return false
+	}
+	if !later { // the server is closing: Close removes it
+		m.remove(s)
+		return true
+	}
+	s.cancel() // end its calls now
+	go func() {
+		defer m.removals.Done()
+		m.remove(s)
+	}()
+	return true
+}
+
+// detach takes the sandbox for key out of the registry of keys. With soon,
+// and unless the manager is closing, it also counts a removal in the
+// background, under the same lock that Close takes before it waits for them.
+func (m *Manager) detach(key string, soon bool) (s *Sandbox, later bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s = m.byKey[key]
+	delete(m.byKey, key)
+	if s != nil && soon && !m.closed {
+		m.removals.Add(1)
+		later = true
+	}
+	return s, later
+}
+
+// remove closes a detached sandbox and forgets it.
+func (m *Manager) remove(s *Sandbox) {
 	s.close()
 	m.mu.Lock()
 	delete(m.byID, s.id)
@@ -345,6 +384,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		}
 		wg.Go(m.drainPool)
 		wg.Wait()
+		m.removals.Wait()
 		m.cancel()
 		m.wg.Wait()
 		if m.seed != nil {

@@ -24,6 +24,18 @@ func newSandbox(t *testing.T, m *Manager) *Sandbox {
 	return sb
 }
 
+// startedSandbox is newSandbox with its container already started, for
+// tests that time a command: a container start under load takes seconds,
+// and it is not what they measure.
+func startedSandbox(t *testing.T, m *Manager) *Sandbox {
+	t.Helper()
+	sb := newSandbox(t, m)
+	if _, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
 func wantCode(t *testing.T, err error, code policy.Code) *Error {
 	t.Helper()
 	e, ok := AsError(err)
@@ -136,7 +148,7 @@ const survivors = "sleep 1000 & nohup sleep 1001 >/dev/null 2>&1 & setsid sleep 
 
 func TestExecTimeoutKillsEveryProcess(t *testing.T) {
 	m := testManager(t, nil)
-	sb := newSandbox(t, m)
+	sb := startedSandbox(t, m)
 	start := time.Now()
 	res, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "echo started; " + survivors}, Cwd: ".", Timeout: 2 * time.Second, MaxOutput: 1 << 20})
 	if err != nil {
@@ -156,7 +168,7 @@ func TestExecTimeoutKillsEveryProcess(t *testing.T) {
 
 func TestExecCancelKillsEveryProcess(t *testing.T) {
 	m := testManager(t, nil)
-	sb := newSandbox(t, m)
+	sb := startedSandbox(t, m)
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(time.Second, cancel)
 	start := time.Now()
@@ -174,7 +186,7 @@ func TestExecCancelKillsEveryProcess(t *testing.T) {
 
 func TestExecBackgroundChildDoesNotStall(t *testing.T) {
 	m := testManager(t, nil)
-	sb := newSandbox(t, m)
+	sb := startedSandbox(t, m)
 	// The background child keeps stdout and stderr open; the call must end
 	// when the shell does (security-cases §4 #8), not when the child does.
 	start := time.Now()

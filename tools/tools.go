@@ -246,12 +246,14 @@ func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
 // KeyOf returns the sandbox key of an HTTP session id (see key).
 func KeyOf(sessionID string) string { return "mcp-" + sessionID }
 
-// End removes the sandbox of the HTTP session sessionID, ending its calls in
-// flight, if owner is the session's caller; it returns once the container
-// is gone. The SDK's own session close waits for calls in flight without
-// cancelling them, so the HTTP server calls End on DELETE first. It reports
-// whether there was a sandbox to remove: a session that made no tool call
-// has none, and another caller's session is left alone.
+// End ends the calls in flight of the HTTP session sessionID and starts the
+// removal of its sandbox, if owner is the session's caller; the container
+// goes in the background (the server waits for it at shutdown), so a DELETE
+// is answered without waiting for the engine. The SDK's own session close
+// waits for calls in flight without cancelling them, so the HTTP server
+// calls End on DELETE first. It reports whether there was a sandbox to
+// remove: a session that made no tool call has none, and another caller's
+// session is left alone.
 func (s *Sessions) End(sessionID, owner string) bool {
 	k := KeyOf(sessionID)
 	s.mu.Lock()
@@ -260,8 +262,7 @@ func (s *Sessions) End(sessionID, owner string) bool {
 	if !ok || o != owner {
 		return false
 	}
-	s.m.Release(k)
-	return true
+	return s.m.ReleaseSoon(k)
 }
 
 // sandbox returns the sandbox a call runs in: the session's own, or the one
