@@ -13,8 +13,8 @@ import (
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // errProtocol marks a reply from the agent that breaks the protocol. The

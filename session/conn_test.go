@@ -13,8 +13,8 @@ import (
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // fakeAgent is the agent's end of a conn over pipes: it says hello, takes

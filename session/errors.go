@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // Error is a failure the model can act on. Its Code is one of the tool

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // TestOversizedExecKeepsTheSandbox: no exec, however large or however

@@ -10,9 +10,9 @@ import (
 	"io"
 	"os"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // seed is the content every new workspace starts with (--workspace-from):

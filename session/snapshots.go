@@ -19,8 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // SnapshotInfo describes a stored snapshot.

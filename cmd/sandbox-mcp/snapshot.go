@@ -13,9 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 const snapshotUsage = `Usage:

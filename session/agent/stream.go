@@ -7,7 +7,7 @@ import (
 	"io"
 	"sync"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
 
 // inbox is the input side of a request: the payloads of the data frames the
