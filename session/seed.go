@@ -12,7 +12,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
+	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
 // seed is the content every new workspace starts with (--workspace-from):
@@ -32,7 +32,7 @@ type seed struct {
 // from outside dir (whose content is not dir's to give) fails the whole
 // seed, naming the file. The archive is capped at maxBytes.
 func newSeed(dir string, maxBytes int64) (*seed, error) {
-	ws, err := agent.OpenWorkspace(dir)
+	ws, err := workspace.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
 	}
@@ -44,7 +44,7 @@ func newSeed(dir string, maxBytes int64) (*seed, error) {
 	os.Remove(f.Name())
 	h := sha256.New()
 	res, err := ws.SnapshotTree(io.MultiWriter(f, h), agentproto.Limits{MaxBytes: maxBytes, MaxDepth: 256, MaxEntries: 1 << 20},
-		agent.SnapshotOptions{OwnLinksOnly: true})
+		workspace.SnapshotOptions{OwnLinksOnly: true})
 	if err != nil {
 		f.Close()
 		var pe *agentproto.Error

@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"archive/tar"

@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"bytes"
@@ -43,7 +43,7 @@ func newEnv(t *testing.T) *env {
 	if err := os.WriteFile(filepath.Join(e.outside, "secret"), []byte(secret), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w, err := OpenWorkspace(e.dir)
+	w, err := Open(e.dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"bytes"
@@ -785,7 +785,7 @@ func TestClosed(t *testing.T) {
 	if err := e.w.Close(); err != nil {
 		t.Fatal("second Close:", err)
 	}
-	_, err = OpenWorkspace(filepath.Join(e.base, "missing"))
+	_, err = Open(filepath.Join(e.base, "missing"))
 	wantCode(t, err, notFoundCode, "")
 }
 
@@ -870,7 +870,7 @@ func TestMounts(t *testing.T) {
 		t.Skipf("cannot mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
-	w, err := OpenWorkspace(small)
+	w, err := Open(small)
 	if err != nil {
 		t.Fatal(err)
 	}

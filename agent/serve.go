@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
 // BuildVersion identifies this agent build in the hello frame and in logs.
@@ -40,7 +41,7 @@ type Options struct {
 // server is one protocol connection.
 type server struct {
 	opts   Options
-	ws     *Workspace
+	ws     *workspace.Workspace
 	log    *slog.Logger
 	path   []string
 	groups *groupPool
@@ -82,7 +83,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	if _, ok := readStatus(os.Getpid()); !ok {
 		log.Warn("agent: /proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
 	}
-	ws, err := OpenWorkspace(opts.Workspace)
+	ws, err := workspace.Open(opts.Workspace)
 	if err != nil {
 		return fmt.Errorf("agent: open workspace: %w", err)
 	}

@@ -7,7 +7,7 @@
 // while an operation is in flight. A Workspace therefore never acts on a path
 // string that something else could change between a check and a use:
 //
-//   - OpenWorkspace opens the workspace directory once (O_PATH|O_DIRECTORY).
+//   - Open opens the workspace directory once (O_PATH|O_DIRECTORY).
 //     Every later system call is relative to that descriptor or to a
 //     descriptor derived from it.
 //   - Multi-component paths are resolved by the kernel with openat2 and
@@ -46,7 +46,7 @@
 //     back verbatim (rename the file through exec); error messages quote
 //     names Go-style (\xff).
 
-package agent
+package workspace
 
 import (
 	"bytes"
@@ -90,11 +90,11 @@ type Workspace struct {
 	restoreMu sync.Mutex
 }
 
-// OpenWorkspace opens dir once (O_PATH|O_DIRECTORY); all later operations are
+// Open opens dir once (O_PATH|O_DIRECTORY); all later operations are
 // relative to that descriptor, so renaming or replacing dir afterwards does
 // not move the workspace. It fails when openat2 is unavailable (Linux before
 // 5.6, or a seccomp profile that refuses it), since confinement depends on it.
-func OpenWorkspace(dir string) (*Workspace, error) {
+func Open(dir string) (*Workspace, error) {
 	if dir == "" {
 		return nil, agentproto.Errorf(agentproto.CodeInvalidArgument, "open workspace: no directory given")
 	}

@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"archive/tar"
@@ -60,7 +60,7 @@ func TestExtractOptions(t *testing.T) {
 	tw.Close()
 	extract := func(opt ExtractOptions) (string, agentproto.RestoreResult) {
 		dir := t.TempDir()
-		w, err := OpenWorkspace(dir)
+		w, err := Open(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +118,7 @@ func TestSnapshotOwnLinksOnly(t *testing.T) {
 	os.MkdirAll(filepath.Join(dir, "d"), 0o755)
 	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
 	os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "d", "b"))
-	w, err := OpenWorkspace(dir)
+	w, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
