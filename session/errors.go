@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -32,14 +33,15 @@ func AsError(err error) (*Error, bool) {
 const maxAgentMessage = 1024
 
 // fromAgent turns an error frame body from the (untrusted) agent into an
-// *Error, or an internal error for a code outside the contract.
+// *Error, or an internal error for a code the agent may not send (see
+// agentproto.Error.Err).
 func fromAgent(e agentproto.Error) error {
-	msg := e.Message
-	if len(msg) > maxAgentMessage {
-		msg = msg[:maxAgentMessage] + "…"
+	if len(e.Message) > maxAgentMessage {
+		e.Message = e.Message[:maxAgentMessage] + "…"
 	}
-	if !e.Code.Valid() || e.Code == agentproto.CodeInternal {
-		return fmt.Errorf("agent: %s: %s", e.Code, msg)
+	err := e.Err()
+	if ce, ok := errcode.As(err); ok {
+		return &Error{Code: policy.Code(ce.Code), Message: ce.Message}
 	}
-	return &Error{Code: policy.Code(e.Code), Message: msg}
+	return err
 }

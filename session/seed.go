@@ -5,12 +5,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
@@ -47,12 +47,11 @@ func newSeed(dir string, maxBytes int64) (*seed, error) {
 		workspace.SnapshotOptions{OwnLinksOnly: true})
 	if err != nil {
 		f.Close()
-		var pe *agentproto.Error
-		if errors.As(err, &pe) && pe.Code == agentproto.CodeTooLarge {
-			return nil, fmt.Errorf("--workspace-from %s is larger than the workspace (--max-workspace-bytes %d): %s", dir, maxBytes, pe.Message)
+		if e, ok := errcode.As(err); ok && e.Code == errcode.TooLarge {
+			return nil, fmt.Errorf("--workspace-from %s is larger than the workspace (--max-workspace-bytes %d): %s", dir, maxBytes, e.Message)
 		}
-		if errors.As(err, &pe) {
-			return nil, fmt.Errorf("--workspace-from %s: %s", dir, pe.Message)
+		if e, ok := errcode.As(err); ok {
+			return nil, fmt.Errorf("--workspace-from %s: %s", dir, e.Message)
 		}
 		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
 	}

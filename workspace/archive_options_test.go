@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 func TestSymlinkStaysInside(t *testing.T) {
@@ -133,7 +134,7 @@ func TestSnapshotOwnLinksOnly(t *testing.T) {
 	os.Link(filepath.Join(root, "secret"), filepath.Join(dir, "d", "c"))
 	os.Link(filepath.Join(root, "secret"), filepath.Join(dir, "e")) // two names inside, one outside
 	_, err = snap(SnapshotOptions{OwnLinksOnly: true})
-	if codeOf(err) != agentproto.CodeInvalidArgument || !strings.Contains(err.Error(), `"d/c" is a hard link to a file with 3 links, only 2 of them in the directory`) {
+	if codeOf(err) != errcode.InvalidArgument || !strings.Contains(err.Error(), `"d/c" is a hard link to a file with 3 links, only 2 of them in the directory`) {
 		t.Fatalf("a link from outside: %v", err)
 	}
 	if _, err := snap(SnapshotOptions{}); err != nil {

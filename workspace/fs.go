@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 const (
@@ -113,14 +114,14 @@ func parsePath(op, rel string) (wsPath, error) {
 	p := wsPath{rel: rel}
 	switch {
 	case strings.IndexByte(rel, 0) >= 0:
-		return p, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return p, errcode.Errorf(errcode.InvalidArgument,
 			"%s %s: the path contains a NUL byte; remove it", op, quote(rel))
 	case len(rel) > maxPathLen:
-		return p, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return p, errcode.Errorf(errcode.InvalidArgument,
 			"%s %s: the path is %d bytes long, more than the %d allowed; use a shorter path",
 			op, quote(rel), len(rel), maxPathLen)
 	case strings.HasPrefix(rel, "/"):
-		return p, agentproto.Errorf(agentproto.CodeOutsideWorkspace,
+		return p, errcode.Errorf(errcode.OutsideWorkspace,
 			"%s %s: absolute paths are not accepted here; give the path relative to the workspace root (for example %s)",
 			op, quote(rel), quote(suggestRelative(rel)))
 	}
@@ -350,7 +351,7 @@ func mkdirParents(base int, comps []string, resolve uint64, op, rel string) (int
 			fd, err = openBeneath(base, prefix, unix.O_PATH|unix.O_DIRECTORY, resolve)
 			if err == unix.ENOENT {
 				if st, serr := lstatAt(prev, name); serr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-					return -1, agentproto.Errorf(agentproto.CodeInvalidArgument,
+					return -1, errcode.Errorf(errcode.InvalidArgument,
 						"%s %s: the directory %s on its path is a symlink whose target does not exist; create the target directory first, or remove the symlink",
 						op, quote(rel), quote(prefix))
 				}

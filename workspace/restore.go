@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Restore replaces the workspace's contents with the tar archive read from
@@ -188,7 +189,7 @@ func (w *Workspace) Extract(src io.Reader, lim agentproto.Limits, opt ExtractOpt
 		err = unix.Unlinkat(root, trashName, unix.AT_REMOVEDIR)
 	}
 	if err != nil {
-		return res, agentproto.Errorf(agentproto.CodeInternal,
+		return res, fault(
 			"restore: the archive was restored, but the old contents could not all be deleted from %s (%v); delete that directory", quote(trashName), err)
 	}
 	return res, nil
@@ -196,9 +197,13 @@ func (w *Workspace) Extract(src io.Reader, lim agentproto.Limits, opt ExtractOpt
 
 // unchanged adds to a restore error that the workspace was not changed.
 func unchanged(err error) error {
-	var ae *agentproto.Error
-	if errors.As(err, &ae) {
-		return &agentproto.Error{Code: ae.Code, Message: ae.Message + " (the workspace was left unchanged)"}
+	const note = " (the workspace was left unchanged)"
+	if e, ok := errcode.As(err); ok {
+		return &errcode.Error{Code: e.Code, Message: e.Message + note}
+	}
+	var f *faultError
+	if errors.As(err, &f) {
+		return &faultError{msg: f.msg + note}
 	}
 	return err // the caller's own error from src
 }
@@ -295,7 +300,7 @@ func swapIn(root, staging int, stagingName string) (int, string, error) {
 		}
 		if err == unix.EEXIST {
 			undo()
-			return -1, "", agentproto.Errorf(agentproto.CodeBusy,
+			return -1, "", errcode.Errorf(errcode.Busy,
 				"restore: %s was created in the workspace while the restore was running; retry when nothing else writes to the workspace", quote(name))
 		}
 		if err != nil {
@@ -377,7 +382,7 @@ func (c *capReader) Read(p []byte) (int, error) {
 }
 
 func (c *capReader) tooLarge() error {
-	return agentproto.Errorf(agentproto.CodeTooLarge,
+	return errcode.Errorf(errcode.TooLarge,
 		"restore: the archive is larger than %d bytes, the limit set by the server; restore a smaller snapshot", c.max)
 }
 
@@ -397,7 +402,7 @@ func (x *extractor) run() error {
 		}
 		x.headers++
 		if x.lim.MaxEntries > 0 && x.headers > x.lim.MaxEntries {
-			return agentproto.Errorf(agentproto.CodeTooLarge,
+			return errcode.Errorf(errcode.TooLarge,
 				"restore: the archive has more than %d entries, the limit set by the server; restore a smaller snapshot", x.lim.MaxEntries)
 		}
 		if err := x.entry(tr, hdr); err != nil {
@@ -421,17 +426,16 @@ func (x *extractor) streamErr(err error) error {
 	if errors.As(err, &de) {
 		return de.err
 	}
-	var ae *agentproto.Error
-	if errors.As(err, &ae) {
-		return ae
+	if d, ok := described(err); ok {
+		return d
 	}
-	return agentproto.Errorf(agentproto.CodeInvalidArgument,
+	return errcode.Errorf(errcode.InvalidArgument,
 		"restore: the archive is not a valid tar stream (%v); restore from a snapshot made by this server", err)
 }
 
 // bad is an INVALID_ARGUMENT error about one archive entry.
 func bad(name, format string, args ...any) error {
-	return agentproto.Errorf(agentproto.CodeInvalidArgument, "restore: entry %s "+format, append([]any{qname(name)}, args...)...)
+	return errcode.Errorf(errcode.InvalidArgument, "restore: entry %s "+format, append([]any{qname(name)}, args...)...)
 }
 
 // entryComps validates an archive name and returns its components ("" and
@@ -475,7 +479,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		return bad(hdr.Name, "names the workspace root, which can only be a directory")
 	}
 	if x.lim.MaxDepth > 0 && len(comps) > x.lim.MaxDepth {
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"restore: entry %s is %d levels deep, more than the limit of %d set by the server", qname(hdr.Name), len(comps), x.lim.MaxDepth)
 	}
 	switch hdr.Typeflag {
@@ -512,7 +516,7 @@ func (x *extractor) fail(name string, err error) error {
 	case unix.ENOTDIR:
 		return bad(name, "lies below an entry that is not a directory")
 	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG:
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"restore: the workspace ran out of space while extracting %s; a restore needs room for the old and the new contents at once: delete files first, or restore into a new session", qname(name))
 	}
 	return fsError("restore: entry", name, err)
@@ -542,7 +546,7 @@ func (x *extractor) regularFile(tr *tar.Reader, hdr *tar.Header, comps []string)
 		return bad(name, "has a negative size")
 	}
 	if x.lim.MaxBytes > 0 && x.in.n+padded(size) > x.lim.MaxBytes {
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"restore: entry %s is %d bytes, more than is left of the %d-byte limit set by the server; restore a smaller snapshot", qname(name), size, x.lim.MaxBytes)
 	}
 	dir, err := x.parent(name, comps)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // tarBlock is the tar record unit; tarTrailer is the end-of-archive marker.
@@ -31,7 +32,7 @@ func padded(n int64) int64 { return (n + tarBlock - 1) / tarBlock * tarBlock }
 // checkLimits refuses negative limits.
 func checkLimits(op string, lim agentproto.Limits) error {
 	if lim.MaxBytes < 0 || lim.MaxEntries < 0 || lim.MaxDepth < 0 {
-		return agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return errcode.Errorf(errcode.InvalidArgument,
 			"%s: limits must not be negative (max_bytes %d, max_entries %d, max_depth %d)", op, lim.MaxBytes, lim.MaxEntries, lim.MaxDepth)
 	}
 	return nil
@@ -168,13 +169,13 @@ func (s *snapshotter) checkLinks(root int) error {
 				closeFd(fd)
 			}
 			if err != nil || st.Dev != id.dev || st.Ino != id.ino {
-				return agentproto.Errorf(agentproto.CodeInvalidArgument,
+				return errcode.Errorf(errcode.InvalidArgument,
 					"%s changed while it was read, and it is a hard link: what was read may be a file outside the directory; copy the directory when nothing changes it", quote(name))
 			}
 			nlink = uint64(st.Nlink)
 		}
 		if nlink > uint64(len(names)) {
-			return agentproto.Errorf(agentproto.CodeInvalidArgument,
+			return errcode.Errorf(errcode.InvalidArgument,
 				"%s is a hard link to a file with %d links, only %d of them in the directory: its content belongs to a file outside it, which is not copied; remove that name, or copy the directory with `cp -R` (which makes separate files; `git clone --no-hardlinks` for a local clone)",
 				quote(names[0]), nlink, len(names))
 		}
@@ -193,14 +194,13 @@ func (s *snapshotter) mapErr(err error) error {
 		return de.err
 	}
 	if errors.Is(err, errStreamCap) {
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"the workspace snapshot would exceed %d bytes, the limit set by the server; delete files you no longer need (large ones first) and try again", s.lim.MaxBytes)
 	}
-	var ae *agentproto.Error
-	if errors.As(err, &ae) {
-		return ae
+	if d, ok := described(err); ok {
+		return d
 	}
-	return agentproto.Errorf(agentproto.CodeInternal, "snapshot: %v", err)
+	return fault("snapshot: %v", err)
 }
 
 // dir archives the entries of the directory open for reading as fd, whose
@@ -253,13 +253,13 @@ func dirPath(prefix string) string {
 func (s *snapshotter) admit(path string, depth int) error {
 	switch {
 	case s.lim.MaxEntries > 0 && s.files >= s.lim.MaxEntries:
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"the workspace has more than %d files and directories, the snapshot limit set by the server; delete files you no longer need and try again", s.lim.MaxEntries)
 	case s.lim.MaxDepth > 0 && depth > s.lim.MaxDepth:
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"the workspace is deeper than %d levels, the snapshot limit set by the server (at %s); flatten or delete that tree and try again", s.lim.MaxDepth, quote(path))
 	case len(path) >= maxPathLen:
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"snapshot: the path %s is %d bytes long, more than the %d a snapshot can hold; shorten or delete that tree and try again", quote(path), len(path), maxPathLen)
 	}
 	return nil
@@ -359,7 +359,7 @@ func (s *snapshotter) file(parent int, name, path string, depth int) error {
 	// The header (a PAX one may add more; snapWriter catches that), the
 	// padded content and the end-of-archive marker must fit.
 	if s.lim.MaxBytes > 0 && s.out.n+tarBlock+padded(size)+tarTrailer > s.lim.MaxBytes {
-		return agentproto.Errorf(agentproto.CodeTooLarge,
+		return errcode.Errorf(errcode.TooLarge,
 			"the workspace snapshot would exceed %d bytes, the limit set by the server: %s alone is %d bytes; delete or shrink large files and try again",
 			s.lim.MaxBytes, quote(path), size)
 	}
