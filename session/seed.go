@@ -11,7 +11,6 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
@@ -101,7 +100,7 @@ func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
 		return nil
 	}
 	if _, err := inst.conn.restore(ctx, sd.reader(), snapshotLimits(m.opts.Policy)); err != nil {
-		return errorf(policy.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
+		return errcode.Errorf(errcode.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
 	}
 	return nil
 }

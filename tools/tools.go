@@ -4,9 +4,9 @@
 //
 // Errors follow one rule. A failure the model can act on is a tool result
 // with isError set and a text that starts with one of the contract's codes
-// (policy.Code), then a colon, then what was wrong and what to do. A fault
-// the model cannot act on is a JSON-RPC internal error, and its detail goes
-// to the server log only.
+// (an *errcode.Error), then a colon, then what was wrong and what to do. A
+// fault the model cannot act on is a JSON-RPC internal error, and its detail
+// goes to the server log only.
 package tools
 
 import (
@@ -22,6 +22,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -58,16 +59,6 @@ type Record struct {
 	Bytes    int64           `json:"bytes"`
 	Duration float64         `json:"duration_ms"`
 }
-
-// toolError is a failure the model can act on. Its text is "CODE: message".
-type toolError struct {
-	code policy.Code
-	msg  string
-}
-
-func (e *toolError) Error() string { return string(e.code) + ": " + e.msg }
-
-func denied(d policy.Decision) error { return &toolError{code: d.Code, msg: d.Reason} }
 
 // call is the state of one tool call, filled in by its handler and logged
 // by the wrapper.
@@ -121,18 +112,16 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 			Bytes:    c.bytes,
 			Duration: float64(time.Since(start).Microseconds()) / 1000,
 		}
-		var te *toolError
-		var se *session.Error
+		coded, isCoded := errcode.As(err)
 		switch {
 		case err == nil:
 			if res != nil && res.IsError {
 				rec.Reason = "timed out"
 			}
-		case errors.As(err, &te):
+		case isCoded:
+			// The model reads "CODE: message", without what wrapped it.
+			err = coded
 			rec.Decision, rec.Reason = "deny", err.Error()
-		case errors.As(err, &se):
-			rec.Decision, rec.Reason = "deny", err.Error()
-			err = &toolError{code: se.Code, msg: se.Message}
 		case ctx.Err() != nil:
 			rec.Decision, rec.Reason = "deny", "cancelled"
 		default:
@@ -276,8 +265,8 @@ func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
 		// A call naming a sandbox does not make one for its session.
 		sb, ok := s.m.Lookup(named, owner)
 		if !ok {
-			return nil, &toolError{code: policy.NotFound, msg: fmt.Sprintf(
-				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)}
+			return nil, errcode.Errorf(errcode.NotFound,
+				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)
 		}
 		c.sandbox = sb.ID()
 		return sb, nil
@@ -298,7 +287,7 @@ func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 		res, err := next(ctx, method, req)
 		if r, ok := res.(*mcp.CallToolResult); ok && err == nil && r.IsError && len(r.Content) > 0 {
 			if tc, ok := r.Content[0].(*mcp.TextContent); ok && !hasCode(tc.Text) {
-				tc.Text = string(policy.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
+				tc.Text = string(errcode.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
 			}
 		}
 		return res, err
@@ -306,7 +295,7 @@ func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 }
 
 func hasCode(s string) bool {
-	for _, c := range policy.Codes {
+	for _, c := range errcode.Codes() {
 		if strings.HasPrefix(s, string(c)+": ") {
 			return true
 		}
