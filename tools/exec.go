@@ -104,10 +104,11 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	c.bytes = int64(len(res.Stdout) + len(res.Stderr))
 
 	text := renderExec(out, timeout, p.MaxOutputBytes, res)
-	return &mcp.CallToolResult{
-		Content: []mcp.Content{&mcp.TextContent{Text: text}},
-		IsError: out.TimedOut,
-	}, out, nil
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	if out.TimedOut {
+		result.SetError(timedOut(timeout)) // the text above starts with it
+	}
+	return result, out, nil
 }
 
 // toText returns output as valid UTF-8, replacing invalid bytes.
@@ -118,12 +119,16 @@ func toText(b []byte) string {
 	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
+// timedOut is the error of a command killed at its timeout.
+func timedOut(timeout time.Duration) *errcode.Error {
+	return errcode.Errorf(errcode.Timeout, "the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work in the background.", timeout)
+}
+
 // renderExec is the text a model reads.
 func renderExec(out ExecOut, timeout time.Duration, maxOut int64, res session.ExecResult) string {
 	var b strings.Builder
 	if out.TimedOut {
-		fmt.Fprintf(&b, "%s: the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work in the background.\n",
-			errcode.Timeout, timeout)
+		b.WriteString(timedOut(timeout).Error() + "\n")
 	} else {
 		fmt.Fprintf(&b, "exit code %d (%d ms)\n", out.ExitCode, out.DurationMS)
 	}

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -74,7 +73,9 @@ type call struct {
 
 // handler is a tool's logic: decode is done by the SDK; it asks policy,
 // calls session and returns the output (and, rarely, a result of its own to
-// carry content or isError beside the output).
+// carry content or isError beside the output). A failure the model can act
+// on is an *errcode.Error; a result of its own with isError carries one too
+// (CallToolResult.SetError), so codeErrors knows the result as the tool's.
 type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error)
 
 // wrap turns a handler into an SDK handler that logs one record per call,
@@ -279,26 +280,25 @@ func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
 	return own, nil
 }
 
-// codeErrors makes every failed tool result start with a code: the SDK
-// validates arguments against the input schema before a handler runs, and
-// its messages have none. Those are INVALID_ARGUMENT.
+// codeErrors makes every failed tool result start with a code. A failed
+// result a tool made carries its *errcode.Error (see handler; the SDK keeps
+// a handler's error on the result it makes of it). One without was made by
+// the SDK itself, from checking the arguments against the input schema
+// before any handler ran, and its message has no code: it is
+// INVALID_ARGUMENT. The text is never parsed.
 func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		res, err := next(ctx, method, req)
-		if r, ok := res.(*mcp.CallToolResult); ok && err == nil && r.IsError && len(r.Content) > 0 {
-			if tc, ok := r.Content[0].(*mcp.TextContent); ok && !hasCode(tc.Text) {
-				tc.Text = string(errcode.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
-			}
+		r, ok := res.(*mcp.CallToolResult)
+		if !ok || err != nil || !r.IsError || len(r.Content) == 0 {
+			return res, err
+		}
+		if _, coded := errcode.As(r.GetError()); coded {
+			return res, err
+		}
+		if tc, ok := r.Content[0].(*mcp.TextContent); ok {
+			tc.Text = string(errcode.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
 		}
 		return res, err
 	}
-}
-
-func hasCode(s string) bool {
-	for _, c := range errcode.Codes() {
-		if strings.HasPrefix(s, string(c)+": ") {
-			return true
-		}
-	}
-	return false
 }
