@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Workspace is the absolute path of every sandbox's workspace.
@@ -32,7 +34,7 @@ const largeInputHint = "pass large input on stdin, or write it to a file with sa
 // CanExec decides whether commands may run at all.
 func (p Policy) CanExec() Decision {
 	if p.Exec == ExecDeny {
-		return Deny(PolicyDenied, "this server does not run commands (--exec=deny); use sandbox_read_file, sandbox_write_file and sandbox_list instead")
+		return Deny(errcode.PolicyDenied, "this server does not run commands (--exec=deny); use sandbox_read_file, sandbox_write_file and sandbox_list instead")
 	}
 	return Allowed
 }
@@ -61,11 +63,11 @@ func (p Policy) CheckProgram(argv0, resolved string, allowed map[string]string) 
 	list := strings.Join(p.AllowCmds, ", ")
 	switch {
 	case resolved == "":
-		return Deny(PolicyDenied, "%q is not on this server's command allowlist (allowed: %s)", argv0, list)
+		return Deny(errcode.PolicyDenied, "%q is not on this server's command allowlist (allowed: %s)", argv0, list)
 	case resolved == argv0 || path.Base(resolved) == argv0:
-		return Deny(PolicyDenied, "%q (%s) is not on this server's command allowlist (allowed: %s)", argv0, resolved, list)
+		return Deny(errcode.PolicyDenied, "%q (%s) is not on this server's command allowlist (allowed: %s)", argv0, resolved, list)
 	default:
-		return Deny(PolicyDenied, "%q resolves to %s, which is not on this server's command allowlist (allowed: %s); call an allowed command by its name", argv0, resolved, list)
+		return Deny(errcode.PolicyDenied, "%q resolves to %s, which is not on this server's command allowlist (allowed: %s); call an allowed command by its name", argv0, resolved, list)
 	}
 }
 
@@ -74,26 +76,26 @@ func (p Policy) CheckProgram(argv0, resolved string, allowed map[string]string) 
 // in all.
 func CheckArgv(argv []string) Decision {
 	if len(argv) == 0 {
-		return Deny(InvalidArgument, "argv is empty; pass the program and its arguments, e.g. [\"ls\", \"-l\"]")
+		return Deny(errcode.InvalidArgument, "argv is empty; pass the program and its arguments, e.g. [\"ls\", \"-l\"]")
 	}
 	if len(argv) > MaxArgv {
-		return Deny(InvalidArgument, "argv has %d items; at most %d are allowed (write a script with sandbox_write_file and run that)", len(argv), MaxArgv)
+		return Deny(errcode.InvalidArgument, "argv has %d items; at most %d are allowed (write a script with sandbox_write_file and run that)", len(argv), MaxArgv)
 	}
 	if argv[0] == "" {
-		return Deny(InvalidArgument, "argv[0] is empty; it names the program to run")
+		return Deny(errcode.InvalidArgument, "argv[0] is empty; it names the program to run")
 	}
 	if len(argv[0]) > MaxPathBytes {
-		return Deny(InvalidArgument, "argv[0] is %d bytes long; a program name or path has at most %d", len(argv[0]), MaxPathBytes)
+		return Deny(errcode.InvalidArgument, "argv[0] is %d bytes long; a program name or path has at most %d", len(argv[0]), MaxPathBytes)
 	}
 	size := 0
 	for i, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {
-			return Deny(InvalidArgument, "argv[%d] contains a NUL byte, which no program can receive", i)
+			return Deny(errcode.InvalidArgument, "argv[%d] contains a NUL byte, which no program can receive", i)
 		}
 		size += len(a) + 1
 	}
 	if size > MaxArgvBytes {
-		return Deny(TooLarge, "argv is %d bytes (each item counted with its terminating NUL); at most %d are allowed: %s", size, MaxArgvBytes, largeInputHint)
+		return Deny(errcode.TooLarge, "argv is %d bytes (each item counted with its terminating NUL); at most %d are allowed: %s", size, MaxArgvBytes, largeInputHint)
 	}
 	return Allowed
 }
@@ -107,16 +109,16 @@ func CheckEnv(env map[string]string) ([]string, Decision) {
 	size := 0
 	for k, v := range env {
 		if !envName.MatchString(k) {
-			return nil, Deny(InvalidArgument, "env name %q is not valid; names match [A-Za-z_][A-Za-z0-9_]*", clip(k))
+			return nil, Deny(errcode.InvalidArgument, "env name %q is not valid; names match [A-Za-z_][A-Za-z0-9_]*", clip(k))
 		}
 		if strings.IndexByte(v, 0) >= 0 {
-			return nil, Deny(InvalidArgument, "env %s contains a NUL byte", clip(k))
+			return nil, Deny(errcode.InvalidArgument, "env %s contains a NUL byte", clip(k))
 		}
 		size += len(k) + 1 + len(v) + 1
 		out = append(out, k+"="+v)
 	}
 	if size > MaxEnvBytes {
-		return nil, Deny(TooLarge, "env is %d bytes (each variable counted as NAME=VALUE with a terminating NUL); at most %d are allowed: %s", size, MaxEnvBytes, largeInputHint)
+		return nil, Deny(errcode.TooLarge, "env is %d bytes (each variable counted as NAME=VALUE with a terminating NUL); at most %d are allowed: %s", size, MaxEnvBytes, largeInputHint)
 	}
 	slices.Sort(out)
 	return out, Allowed
@@ -139,14 +141,14 @@ func clip(s string) string {
 // default; above the ceiling is refused.
 func (p Policy) ExecTimeoutFor(ms int64) (time.Duration, Decision) {
 	if ms < 0 {
-		return 0, Deny(InvalidArgument, "timeout_ms must not be negative")
+		return 0, Deny(errcode.InvalidArgument, "timeout_ms must not be negative")
 	}
 	if ms == 0 {
 		return p.ExecTimeout, Allowed
 	}
 	d := time.Duration(ms) * time.Millisecond
 	if d > p.MaxExecTimeout {
-		return 0, Deny(PolicyDenied, "timeout_ms %d is above this server's ceiling of %d (--max-exec-timeout); use at most %d, or run the work in the background and poll",
+		return 0, Deny(errcode.PolicyDenied, "timeout_ms %d is above this server's ceiling of %d (--max-exec-timeout); use at most %d, or run the work in the background and poll",
 			ms, p.MaxExecTimeout.Milliseconds(), p.MaxExecTimeout.Milliseconds())
 	}
 	return d, Allowed
@@ -160,13 +162,13 @@ func (p Policy) ExecTimeoutFor(ms int64) (time.Duration, Decision) {
 // enforces confinement (it also sees symlinks).
 func WorkspacePath(p string) (string, Decision) {
 	if strings.IndexByte(p, 0) >= 0 {
-		return "", Deny(InvalidArgument, "path contains a NUL byte")
+		return "", Deny(errcode.InvalidArgument, "path contains a NUL byte")
 	}
 	if len(p) > MaxPathBytes {
-		return "", Deny(InvalidArgument, "path is %d bytes long; at most %d are allowed", len(p), MaxPathBytes)
+		return "", Deny(errcode.InvalidArgument, "path is %d bytes long; at most %d are allowed", len(p), MaxPathBytes)
 	}
 	if !utf8.ValidString(p) {
-		return "", Deny(InvalidArgument, "path is not valid UTF-8")
+		return "", Deny(errcode.InvalidArgument, "path is not valid UTF-8")
 	}
 	rel := p
 	if strings.HasPrefix(p, "/") {
@@ -177,14 +179,14 @@ func WorkspacePath(p string) (string, Decision) {
 		case strings.HasPrefix(p, Workspace+"/") && strings.HasPrefix(c, Workspace+"/"):
 			rel = strings.TrimLeft(strings.TrimPrefix(p, Workspace), "/")
 		default:
-			return "", Deny(OutsideWorkspace, "%q is outside the workspace; paths are relative to %s (an absolute path must start with %s/)", p, Workspace, Workspace)
+			return "", Deny(errcode.OutsideWorkspace, "%q is outside the workspace; paths are relative to %s (an absolute path must start with %s/)", p, Workspace, Workspace)
 		}
 	}
 	if rel == "" {
 		rel = "."
 	}
 	if c := path.Clean(rel); c == ".." || strings.HasPrefix(c, "../") {
-		return "", Deny(OutsideWorkspace, "%q climbs out of the workspace with \"..\"; paths are relative to %s", p, Workspace)
+		return "", Deny(errcode.OutsideWorkspace, "%q climbs out of the workspace with \"..\"; paths are relative to %s", p, Workspace)
 	}
 	return rel, Allowed
 }
@@ -204,10 +206,10 @@ func ParseMode(s string) (uint32, Decision) {
 	}
 	v, err := strconv.ParseUint(t, 8, 32)
 	if err != nil || len(s) > 5 {
-		return 0, Deny(InvalidArgument, "mode %q is not an octal permission string such as \"0644\" or \"0755\"", s)
+		return 0, Deny(errcode.InvalidArgument, "mode %q is not an octal permission string such as \"0644\" or \"0755\"", s)
 	}
 	if v > 0o777 {
-		return 0, Deny(InvalidArgument, "mode %q has bits beyond permissions (setuid, setgid, sticky are not allowed); use 0000 to 0777", s)
+		return 0, Deny(errcode.InvalidArgument, "mode %q has bits beyond permissions (setuid, setgid, sticky are not allowed); use 0000 to 0777", s)
 	}
 	return uint32(v), Allowed
 }
@@ -215,7 +217,7 @@ func ParseMode(s string) (uint32, Decision) {
 // CanWrite decides whether a tool may change the workspace.
 func (p Policy) CanWrite() Decision {
 	if p.ReadOnly {
-		return Deny(ReadOnly, "the workspace is read-only on this server (--read-only); nothing can be written or changed")
+		return Deny(errcode.ReadOnly, "the workspace is read-only on this server (--read-only); nothing can be written or changed")
 	}
 	return Allowed
 }
@@ -223,7 +225,7 @@ func (p Policy) CanWrite() Decision {
 // CheckWriteSize decides whether n bytes may be written in one call.
 func (p Policy) CheckWriteSize(n int64) Decision {
 	if n > p.MaxFileBytes {
-		return Deny(TooLarge, "content is %d bytes; this server writes at most %d bytes per call (--max-file-bytes); write it in parts with append", n, p.MaxFileBytes)
+		return Deny(errcode.TooLarge, "content is %d bytes; this server writes at most %d bytes per call (--max-file-bytes); write it in parts with append", n, p.MaxFileBytes)
 	}
 	return Allowed
 }
@@ -233,11 +235,11 @@ func (p Policy) CheckWriteSize(n int64) Decision {
 func ListEntries(n int) (int, Decision) {
 	switch {
 	case n < 0:
-		return 0, Deny(InvalidArgument, "max_entries must not be negative")
+		return 0, Deny(errcode.InvalidArgument, "max_entries must not be negative")
 	case n == 0:
 		return DefaultListEntries, Allowed
 	case n > MaxListEntries:
-		return 0, Deny(InvalidArgument, "max_entries %d is above %d; list a subdirectory instead", n, MaxListEntries)
+		return 0, Deny(errcode.InvalidArgument, "max_entries %d is above %d; list a subdirectory instead", n, MaxListEntries)
 	}
 	return n, Allowed
 }
@@ -245,7 +247,7 @@ func ListEntries(n int) (int, Decision) {
 // CheckRange validates sandbox_read_file's offset and length.
 func CheckRange(offset, length int64) Decision {
 	if offset < 0 || length < 0 {
-		return Deny(InvalidArgument, "offset and length must not be negative")
+		return Deny(errcode.InvalidArgument, "offset and length must not be negative")
 	}
 	return Allowed
 }

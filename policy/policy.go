@@ -13,40 +13,23 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
-
-// Code classifies a refusal or failure. Tool errors start with the code.
-type Code string
-
-// The error codes of the tool contract (SPEC §2).
-const (
-	InvalidArgument  Code = "INVALID_ARGUMENT"
-	PolicyDenied     Code = "POLICY_DENIED"
-	ReadOnly         Code = "READ_ONLY"
-	OutsideWorkspace Code = "OUTSIDE_WORKSPACE"
-	NotFound         Code = "NOT_FOUND"
-	TooLarge         Code = "TOO_LARGE"
-	Timeout          Code = "TIMEOUT"
-	Busy             Code = "BUSY"
-	Unavailable      Code = "UNAVAILABLE"
-)
-
-// Codes lists every code, in the order of the contract.
-var Codes = []Code{InvalidArgument, PolicyDenied, ReadOnly, OutsideWorkspace, NotFound, TooLarge, Timeout, Busy, Unavailable}
 
 // Decision is the outcome of a check. The zero Decision denies with no
 // reason; use Allow and Deny to build one.
 type Decision struct {
 	Allow  bool
-	Code   Code   // set when denied
-	Reason string // a sentence: what was wrong and what to do instead
+	Code   errcode.Code // set when denied
+	Reason string       // a sentence: what was wrong and what to do instead
 }
 
 // Allowed is the Decision that allows.
 var Allowed = Decision{Allow: true}
 
 // Deny returns a denying Decision with a formatted reason.
-func Deny(code Code, format string, args ...any) Decision {
+func Deny(code errcode.Code, format string, args ...any) Decision {
 	return Decision{Code: code, Reason: fmt.Sprintf(format, args...)}
 }
 
@@ -56,6 +39,15 @@ func (d Decision) String() string {
 		return "allow"
 	}
 	return string(d.Code) + ": " + d.Reason
+}
+
+// Err is the denial as the error a tool returns: nil when d allows, else an
+// *errcode.Error with d's code and its reason as the message.
+func (d Decision) Err() error {
+	if d.Allow {
+		return nil
+	}
+	return &errcode.Error{Code: d.Code, Message: d.Reason}
 }
 
 // ExecMode says which commands may run.

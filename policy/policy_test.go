@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -91,7 +93,7 @@ func TestCheckProgram(t *testing.T) {
 				t.Fatalf("allow = %v (%s), want %v", d.Allow, d.Reason, tc.allow)
 			}
 			if !tc.allow {
-				if d.Code != PolicyDenied {
+				if d.Code != errcode.PolicyDenied {
 					t.Errorf("code = %s", d.Code)
 				}
 				if !strings.Contains(d.Reason, tc.reason) {
@@ -121,7 +123,7 @@ func TestCheckArgv(t *testing.T) {
 		{long[:MaxArgv], true},
 		{long, false},
 	} {
-		if d := CheckArgv(tc.argv); d.Allow != tc.allow || (!d.Allow && d.Code != InvalidArgument) {
+		if d := CheckArgv(tc.argv); d.Allow != tc.allow || (!d.Allow && d.Code != errcode.InvalidArgument) {
 			t.Errorf("CheckArgv(%q) = %v", tc.argv, d)
 		}
 	}
@@ -133,7 +135,7 @@ func TestCheckEnv(t *testing.T) {
 		t.Fatalf("got %q %v", env, d)
 	}
 	for _, bad := range []map[string]string{{"1A": "x"}, {"A-B": "x"}, {"": "x"}, {"A B": "x"}, {"A=B": "x"}, {"A": "x\x00y"}} {
-		if _, d := CheckEnv(bad); d.Allow || d.Code != InvalidArgument {
+		if _, d := CheckEnv(bad); d.Allow || d.Code != errcode.InvalidArgument {
 			t.Errorf("CheckEnv(%q) allowed", bad)
 		}
 	}
@@ -144,13 +146,13 @@ func TestExecTimeoutFor(t *testing.T) {
 	for _, tc := range []struct {
 		ms   int64
 		want time.Duration
-		code Code
+		code errcode.Code
 	}{
 		{0, time.Minute, ""},
 		{1500, 1500 * time.Millisecond, ""},
 		{600000, 10 * time.Minute, ""},
-		{600001, 0, PolicyDenied},
-		{-1, 0, InvalidArgument},
+		{600001, 0, errcode.PolicyDenied},
+		{-1, 0, errcode.InvalidArgument},
 	} {
 		got, d := p.ExecTimeoutFor(tc.ms)
 		if tc.code == "" && (!d.Allow || got != tc.want) {
@@ -169,7 +171,7 @@ func TestWorkspacePath(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want string
-		code Code
+		code errcode.Code
 	}{
 		{"", ".", ""},
 		{".", ".", ""},
@@ -182,18 +184,18 @@ func TestWorkspacePath(t *testing.T) {
 		{"/workspace/a/b", "a/b", ""},
 		{"/workspace//a", "a", ""},
 		{`..\..\etc\passwd`, `..\..\etc\passwd`, ""}, // a file name on Linux
-		{"../../etc/passwd", "", OutsideWorkspace},
-		{"a/../../x", "", OutsideWorkspace},
-		{"./../x", "", OutsideWorkspace},
-		{"..", "", OutsideWorkspace},
-		{"/etc/passwd", "", OutsideWorkspace},
-		{"/workspace/../etc/passwd", "", OutsideWorkspace},
-		{"/workspacex/a", "", OutsideWorkspace},
-		{"/", "", OutsideWorkspace},
-		{"/proc/self/environ", "", OutsideWorkspace},
-		{"ok.txt\x00.png", "", InvalidArgument},
-		{strings.Repeat("a/", MaxPathBytes), "", InvalidArgument},
-		{"\xff\xfe", "", InvalidArgument},
+		{"../../etc/passwd", "", errcode.OutsideWorkspace},
+		{"a/../../x", "", errcode.OutsideWorkspace},
+		{"./../x", "", errcode.OutsideWorkspace},
+		{"..", "", errcode.OutsideWorkspace},
+		{"/etc/passwd", "", errcode.OutsideWorkspace},
+		{"/workspace/../etc/passwd", "", errcode.OutsideWorkspace},
+		{"/workspacex/a", "", errcode.OutsideWorkspace},
+		{"/", "", errcode.OutsideWorkspace},
+		{"/proc/self/environ", "", errcode.OutsideWorkspace},
+		{"ok.txt\x00.png", "", errcode.InvalidArgument},
+		{strings.Repeat("a/", MaxPathBytes), "", errcode.InvalidArgument},
+		{"\xff\xfe", "", errcode.InvalidArgument},
 	} {
 		got, d := WorkspacePath(tc.in)
 		if tc.code == "" {
@@ -229,13 +231,13 @@ func TestWriteChecks(t *testing.T) {
 		t.Fatal(d)
 	}
 	p.ReadOnly = true
-	if d := p.CanWrite(); d.Allow || d.Code != ReadOnly || !strings.Contains(d.Reason, "--read-only") {
+	if d := p.CanWrite(); d.Allow || d.Code != errcode.ReadOnly || !strings.Contains(d.Reason, "--read-only") {
 		t.Fatal(d)
 	}
 	if d := p.CheckWriteSize(p.MaxFileBytes); !d.Allow {
 		t.Fatal(d)
 	}
-	if d := p.CheckWriteSize(p.MaxFileBytes + 1); d.Allow || d.Code != TooLarge || !strings.Contains(d.Reason, "append") {
+	if d := p.CheckWriteSize(p.MaxFileBytes + 1); d.Allow || d.Code != errcode.TooLarge || !strings.Contains(d.Reason, "append") {
 		t.Fatal(d)
 	}
 }
@@ -261,11 +263,25 @@ func TestListEntriesAndRange(t *testing.T) {
 }
 
 func TestDecisionString(t *testing.T) {
-	if s := Deny(PolicyDenied, "%q is not allowed", "curl").String(); s != `POLICY_DENIED: "curl" is not allowed` {
+	if s := Deny(errcode.PolicyDenied, "%q is not allowed", "curl").String(); s != `POLICY_DENIED: "curl" is not allowed` {
 		t.Fatal(s)
 	}
 	if Allowed.String() != "allow" {
 		t.Fatal(Allowed.String())
+	}
+}
+
+func TestDecisionErrCarriesCodeAndReason(t *testing.T) {
+	if err := Allowed.Err(); err != nil {
+		t.Fatalf("Allowed.Err() = %v, want nil", err)
+	}
+	d := Deny(errcode.PolicyDenied, "%q is not allowed", "curl")
+	e, ok := errcode.As(d.Err())
+	if !ok || e.Code != errcode.PolicyDenied || e.Message != d.Reason {
+		t.Fatalf("Err() = %v, want an *errcode.Error with the decision's code and reason", d.Err())
+	}
+	if e.Error() != d.String() {
+		t.Fatalf("the error reads %q, the decision %q", e.Error(), d.String())
 	}
 }
 
@@ -277,7 +293,7 @@ func TestArgvAndEnvSizes(t *testing.T) {
 	}
 	over := []string{"sh", "-c", strings.Repeat("<", MaxArgvBytes-len("sh")-len("-c")-2)}
 	d := CheckArgv(over)
-	if d.Allow || d.Code != TooLarge || !strings.Contains(d.Reason, "65537 bytes") || !strings.Contains(d.Reason, "65536") ||
+	if d.Allow || d.Code != errcode.TooLarge || !strings.Contains(d.Reason, "65537 bytes") || !strings.Contains(d.Reason, "65536") ||
 		!strings.Contains(d.Reason, "stdin") || !strings.Contains(d.Reason, "sandbox_write_file") {
 		t.Fatalf("argv one byte over: %v", d)
 	}
@@ -285,15 +301,15 @@ func TestArgvAndEnvSizes(t *testing.T) {
 	for i := range many {
 		many[i] = strings.Repeat("x", MaxArgvBytes/MaxArgv) // 64 × 1 KiB, plus the NULs
 	}
-	if d := CheckArgv(many); d.Allow || d.Code != TooLarge {
+	if d := CheckArgv(many); d.Allow || d.Code != errcode.TooLarge {
 		t.Fatalf("64 items of 1 KiB: %v", d)
 	}
-	if d := CheckArgv([]string{strings.Repeat("a", MaxPathBytes+1)}); d.Allow || d.Code != InvalidArgument || !strings.Contains(d.Reason, "argv[0]") {
+	if d := CheckArgv([]string{strings.Repeat("a", MaxPathBytes+1)}); d.Allow || d.Code != errcode.InvalidArgument || !strings.Contains(d.Reason, "argv[0]") {
 		t.Fatalf("a program name longer than a path: %v", d)
 	}
 
 	// env: NAME=VALUE with its NUL; a 66 KB value is refused.
-	if _, d := CheckEnv(map[string]string{"BIG": strings.Repeat("v", 66000)}); d.Allow || d.Code != TooLarge || !strings.Contains(d.Reason, "66005 bytes") {
+	if _, d := CheckEnv(map[string]string{"BIG": strings.Repeat("v", 66000)}); d.Allow || d.Code != errcode.TooLarge || !strings.Contains(d.Reason, "66005 bytes") {
 		t.Fatalf("a 66 KB value: %v", d)
 	}
 	if _, d := CheckEnv(map[string]string{"BIG": strings.Repeat("v", MaxEnvBytes-len("BIG=")-1)}); !d.Allow {
@@ -303,7 +319,7 @@ func TestArgvAndEnvSizes(t *testing.T) {
 	for i := range 1000 {
 		spread[fmt.Sprintf("V%d", i)] = strings.Repeat("v", 64)
 	}
-	if _, d := CheckEnv(spread); d.Allow || d.Code != TooLarge {
+	if _, d := CheckEnv(spread); d.Allow || d.Code != errcode.TooLarge {
 		t.Fatalf("1000 variables of 64 bytes: %v", d)
 	}
 	// A reason never quotes a caller's huge name whole.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // errProtocol marks a reply from the agent that breaks the protocol. The
@@ -178,7 +178,7 @@ func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) e
 		return nil
 	case errors.Is(err, agentproto.ErrFrameTooLarge):
 		c.log.Warn("session: request too large for the agent's protocol", "kind", kind, "err", err)
-		return errorf(policy.TooLarge, "the %s request does not fit the sandbox's protocol (at most %d bytes once JSON-encoded, where a control character or <, >, & takes 6); pass large input on stdin or in a file",
+		return errcode.Errorf(errcode.TooLarge, "the %s request does not fit the sandbox's protocol (at most %d bytes once JSON-encoded, where a control character or <, >, & takes 6); pass large input on stdin or in a file",
 			kind, c.w.MaxHeader)
 	case errors.Is(err, agentproto.ErrNotSent):
 		return errLocal{fmt.Errorf("session: %w", err)}

@@ -13,8 +13,9 @@ import (
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // fakeAgent is the agent's end of a conn over pipes: it says hello, takes
@@ -158,7 +159,7 @@ func TestConnRequestTooLargeFailsOnlyTheCall(t *testing.T) {
 
 	huge := ExecRequest{Argv: []string{"echo", strings.Repeat("<", agentproto.MaxRequestHeader/6+1)}, Cwd: ".", Timeout: time.Second}
 	_, err := c.exec(ctx, huge)
-	e := wantCode(t, err, policy.TooLarge)
+	e := wantCode(t, err, errcode.TooLarge)
 	if !strings.Contains(e.Message, "stdin") || !strings.Contains(e.Message, fmt.Sprint(agentproto.MaxRequestHeader)) {
 		t.Fatalf("the refusal does not say what to do: %s", e.Message)
 	}
@@ -190,7 +191,7 @@ func TestConnWriteErrorEndsTheConnection(t *testing.T) {
 	c, a := newFakeConn(t)
 	a.stdin.CloseWithError(errors.New("gone"))
 	_, err := c.exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
-	wantCode(t, err, policy.Unavailable)
+	wantCode(t, err, errcode.Unavailable)
 	if err := c.err(); err == nil || !strings.Contains(err.Error(), "writing to the agent") {
 		t.Fatalf("the connection after a write error: %v", err)
 	}

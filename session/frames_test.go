@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // TestOversizedExecKeepsTheSandbox: no exec, however large or however
@@ -29,7 +29,7 @@ func TestOversizedExecKeepsTheSandbox(t *testing.T) {
 
 	// 1.2 MB once escaped: more than any request may be.
 	_, err := sb.Exec(ctx, ExecRequest{Argv: []string{"echo", strings.Repeat("<", agentproto.MaxRequestHeader/6+1)}, Cwd: ".", Timeout: 10 * time.Second})
-	wantCode(t, err, policy.TooLarge)
+	wantCode(t, err, errcode.TooLarge)
 	same("a request too large for the protocol")
 
 	// 11.5 KB of '<' and a 66 KB env value: each past the old 64 KiB
@@ -50,7 +50,7 @@ func TestOversizedExecKeepsTheSandbox(t *testing.T) {
 	// an error frame past its own limit.
 	start := time.Now()
 	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{strings.Repeat("a", 70000)}, Cwd: ".", Timeout: time.Minute})
-	if e := wantCode(t, err, policy.NotFound); len(e.Message) > 8<<10 {
+	if e := wantCode(t, err, errcode.NotFound); len(e.Message) > 8<<10 {
 		t.Fatalf("the error is %d bytes", len(e.Message))
 	}
 	if took := time.Since(start); took > 20*time.Second {

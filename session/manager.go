@@ -22,6 +22,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
@@ -266,13 +267,13 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, errorf(policy.Unavailable, "the server is shutting down")
+		return nil, errcode.Errorf(errcode.Unavailable, "the server is shutting down")
 	}
 	if s := m.byKey[key]; s != nil {
 		return s, nil
 	}
 	if max := m.opts.MaxSandboxes; max > 0 && len(m.byID) >= max {
-		return nil, errorf(policy.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
+		return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &Sandbox{
@@ -479,7 +480,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	log := m.log.With("sandbox", sandbox, "container", created.ID[:12])
 	c, err := newConn(ctx, att.Reader, att.Conn, att.Conn, m.opts.Lease, log)
 	if err != nil {
-		return inst, errorf(policy.Unavailable, "the sandbox's agent did not start: %v", err)
+		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v", err)
 	}
 	inst.conn = c
 	if m.opts.Policy.NeedsResolve() {
@@ -619,7 +620,7 @@ func isGone(err error) bool { return cerrdefs.IsNotFound(err) }
 // retrying helps.
 func engineError(what string, err error) error {
 	if client.IsErrConnectionFailed(err) {
-		return errorf(policy.Unavailable, "cannot %s: the Docker engine is not reachable (%v); retrying will not help until it is back", what, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot %s: the Docker engine is not reachable (%v); retrying will not help until it is back", what, err)
 	}
-	return errorf(policy.Unavailable, "cannot %s: %v; retrying may help if this was a passing engine fault", what, err)
+	return errcode.Errorf(errcode.Unavailable, "cannot %s: %v; retrying may help if this was a passing engine fault", what, err)
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // DefaultNetworkPool is where sandbox networks take their subnets: the
@@ -121,7 +121,7 @@ func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandbox
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(n.gateway, 0).String())
 	if err != nil {
 		if errors.Is(err, syscall.EADDRNOTAVAIL) {
-			return n, errorf(policy.Unavailable, "the egress proxy cannot listen on the sandbox network's gateway %s: this server does not share the host's network namespace. When sandbox-mcp runs in a container, run that container with --network host (see the README); or use --network=none", n.gateway)
+			return n, errcode.Errorf(errcode.Unavailable, "the egress proxy cannot listen on the sandbox network's gateway %s: this server does not share the host's network namespace. When sandbox-mcp runs in a container, run that container with --network host (see the README); or use --network=none", n.gateway)
 		}
 		return n, fmt.Errorf("listen on the sandbox network's gateway %s: %w", n.gateway, err)
 	}

@@ -10,8 +10,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // ExecRequest is one command to run in a sandbox.
@@ -419,7 +420,7 @@ func (c *conn) roundTrip(ctx context.Context, timeout time.Duration, kind agentp
 			if ctx.Err() != nil {
 				c.cancel(p)
 				if errors.Is(ctx.Err(), context.DeadlineExceeded) && context.Cause(ctx) == ctx.Err() {
-					return errorf(policy.Timeout, "the sandbox did not finish the %s within %s; try again, or with less data", kind, timeout)
+					return errcode.Errorf(errcode.Timeout, "the sandbox did not finish the %s within %s; try again, or with less data", kind, timeout)
 				}
 				return context.Cause(ctx)
 			}
@@ -468,9 +469,9 @@ func (c *conn) decodeError(f agentproto.Frame) error {
 // nothing about the agent (a refusal, a request that was never sent) pass
 // through.
 func unavailable(err error) error {
-	if _, ok := AsError(err); ok || errors.As(err, new(errLocal)) {
+	if _, ok := errcode.As(err); ok || errors.As(err, new(errLocal)) {
 		return err
 	}
-	return &Error{Code: policy.Unavailable, Message: fmt.Sprintf(
-		"the sandbox stopped (%v); its workspace is lost. Call again: the next call starts a fresh sandbox", err)}
+	return errcode.Errorf(errcode.Unavailable,
+		"the sandbox stopped (%v); its workspace is lost. Call again: the next call starts a fresh sandbox", err)
 }

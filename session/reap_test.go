@@ -9,7 +9,7 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // waitGoneWithin is waitGone with a deadline of the test's choosing.
@@ -78,7 +78,7 @@ func TestIdleReaperIsNotHeldUpByAStalledSandbox(t *testing.T) {
 	}
 	for i, sb := range others {
 		_, err := sb.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-		if e := wantCode(t, err, policy.Unavailable); !strings.Contains(e.Message, "saved as snapshot") {
+		if e := wantCode(t, err, errcode.Unavailable); !strings.Contains(e.Message, "saved as snapshot") {
 			t.Fatalf("other sandbox: %s", e.Message)
 		}
 		if got := string(run(t, sb, "cat", "f").Stdout); got != fmt.Sprintf("mine-%d\n", i) {
@@ -89,7 +89,7 @@ func TestIdleReaperIsNotHeldUpByAStalledSandbox(t *testing.T) {
 	// The frozen one goes at its deadline, not the old ten minutes.
 	waitGoneWithin(t, m.cli, frozen, limit+20*time.Second-time.Since(stuckSince))
 	_, err := stalled.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-	if e := wantCode(t, err, policy.Unavailable); !strings.Contains(e.Message, "saving its workspace failed") || !strings.Contains(e.Message, limit.String()) {
+	if e := wantCode(t, err, errcode.Unavailable); !strings.Contains(e.Message, "saving its workspace failed") || !strings.Contains(e.Message, limit.String()) {
 		t.Fatalf("stalled sandbox: %s", e.Message)
 	}
 	run(t, stalled, "true") // a fresh container
@@ -121,7 +121,7 @@ func TestIdleSnapshotSurvivesAnotherCallersSnapshots(t *testing.T) {
 		t.Fatalf("bob's snapshots deleted alice's idle snapshot: %v", err)
 	}
 	_, err := a.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-	wantCode(t, err, policy.Unavailable)
+	wantCode(t, err, errcode.Unavailable)
 	if got := string(run(t, a, "cat", "f").Stdout); got != "alice-work\n" {
 		t.Fatalf("alice's workspace after her sandbox was reaped: %q", got)
 	}

@@ -12,8 +12,8 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Sandbox is one MCP session's sandbox: a record that outlives any one
@@ -83,7 +83,7 @@ func (s *Sandbox) begin(ctx context.Context) (context.Context, func()) {
 	s.lastUsed.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() {
-		cancel(errorf(policy.Unavailable, "the session ended, and its sandbox was removed"))
+		cancel(errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed"))
 	})
 	return ctx, func() {
 		stop()
@@ -98,7 +98,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errorf(policy.Unavailable, "the session ended, and its sandbox was removed; start a new session")
+		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
 	if s.cur != nil {
 		if err := s.cur.conn.err(); err == nil {
@@ -116,7 +116,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 	if s.lost != "" {
 		why := s.lost
 		s.lost = ""
-		return nil, errorf(policy.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
+		return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
 	}
 	s.gen++
 	if id := s.restoreFrom; id != "" {
@@ -128,7 +128,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		s.cur = inst
 		if _, err := s.restoreInto(ctx, inst, id); err != nil {
 			s.m.log.Warn("session: restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
-			return nil, errorf(policy.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
+			return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
 		}
 		s.m.log.Info("session: fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
 		return inst, nil
@@ -164,7 +164,7 @@ func (s *Sandbox) nextStart() string {
 // failed notes that a call saw the container go away, so the model is told
 // (here, with what happens next) and the next call starts afresh.
 func (s *Sandbox) failed(inst *instance, err error) error {
-	if e, ok := AsError(err); ok && e.Code == policy.Unavailable && inst.conn.err() != nil {
+	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.err() != nil {
 		if inst.reported.Swap(true) {
 			return err
 		}
@@ -174,7 +174,7 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", latest.ID)
 			}
 		}
-		return errorf(policy.Unavailable, "sandbox %s stopped (%v); its workspace is lost. Call again: %s", s.id, inst.conn.err(), next)
+		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost. Call again: %s", s.id, inst.conn.err(), next)
 	}
 	return err
 }
@@ -186,7 +186,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	case s.execs <- struct{}{}:
 		defer func() { <-s.execs }()
 	default:
-		return ExecResult{}, errorf(policy.Busy,
+		return ExecResult{}, errcode.Errorf(errcode.Busy,
 			"%d commands are already running in this sandbox, the most it runs at once; wait for one to finish, or start long work in the background", cap(s.execs))
 	}
 	ctx, end := s.begin(ctx)
@@ -290,7 +290,7 @@ type RestoreResult = agentproto.RestoreResult
 // snapshot is not found.
 func (s *Sandbox) Restore(ctx context.Context, id string) (SnapshotInfo, RestoreResult, error) {
 	if d := s.m.opts.Policy.CanWrite(); !d.Allow {
-		return SnapshotInfo{}, RestoreResult{}, &Error{Code: d.Code, Message: d.Reason}
+		return SnapshotInfo{}, RestoreResult{}, d.Err()
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
@@ -313,7 +313,7 @@ func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (S
 		err = ErrSnapshotNotFound
 	}
 	if err == ErrSnapshotNotFound {
-		return info, errorf(policy.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
+		return info, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
 	}
 	if err != nil {
 		return info, err

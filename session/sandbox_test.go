@@ -12,7 +12,7 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 func newSandbox(t *testing.T, m *Manager) *Sandbox {
@@ -36,11 +36,11 @@ func startedSandbox(t *testing.T, m *Manager) *Sandbox {
 	return sb
 }
 
-func wantCode(t *testing.T, err error, code policy.Code) *Error {
+func wantCode(t *testing.T, err error, code errcode.Code) *errcode.Error {
 	t.Helper()
-	e, ok := AsError(err)
+	e, ok := errcode.As(err)
 	if !ok {
-		t.Fatalf("error = %v (%T), want a %s *Error", err, err, code)
+		t.Fatalf("error = %v (%T), want a %s *errcode.Error", err, err, code)
 	}
 	if e.Code != code {
 		t.Fatalf("code = %s (%s), want %s", e.Code, e.Message, code)
@@ -90,13 +90,13 @@ func TestExecBasics(t *testing.T) {
 			t.Errorf("cwd %q: ran, want a refusal", cwd)
 			continue
 		}
-		if _, ok := AsError(err); !ok {
+		if _, ok := errcode.As(err); !ok {
 			t.Errorf("cwd %q: %v is not a tool error", cwd, err)
 		}
 	}
 	// A program that does not exist.
 	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{"no-such-program"}, Cwd: ".", Timeout: 10 * time.Second})
-	wantCode(t, err, policy.NotFound)
+	wantCode(t, err, errcode.NotFound)
 	// Output that is not text comes back as bytes; the tools layer encodes it.
 	if res := sh(t, sb, `printf '\377\376\000x'`); !bytes.Equal(res.Stdout, []byte{0xff, 0xfe, 0, 'x'}) {
 		t.Fatalf("binary stdout = %q", res.Stdout)
@@ -217,7 +217,7 @@ func TestExecBusy(t *testing.T) {
 	<-started
 	time.Sleep(300 * time.Millisecond)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-	e := wantCode(t, err, policy.Busy)
+	e := wantCode(t, err, errcode.Busy)
 	if !strings.Contains(e.Message, "2 commands") {
 		t.Errorf("message does not name the limit: %s", e.Message)
 	}
@@ -242,7 +242,7 @@ func TestAgentDeathIsReportedThenReplaced(t *testing.T) {
 	sh(t, sb, "echo precious > file")
 	first := sb.ContainerID()
 	err := execKillingAgent(t, m, sb)
-	e := wantCode(t, err, policy.Unavailable)
+	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, "next call") {
 		t.Errorf("UNAVAILABLE does not say what happens next: %s", e.Message)
 	}
@@ -271,7 +271,7 @@ func TestContainerRemovedFromOutside(t *testing.T) {
 	waitGone(t, m.cli, id)
 	// The next call says the workspace is lost, and what happens next ...
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-	e := wantCode(t, err, policy.Unavailable)
+	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, "lost its workspace") || !strings.Contains(e.Message, "next call") {
 		t.Errorf("message: %s", e.Message)
 	}
@@ -307,7 +307,7 @@ func TestReleaseRemovesTheContainer(t *testing.T) {
 		t.Fatalf("container %s still there after Release: %v", id, err)
 	}
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
-	wantCode(t, err, policy.Unavailable)
+	wantCode(t, err, errcode.Unavailable)
 }
 
 func TestReleaseCancelsCallsInFlight(t *testing.T) {
@@ -347,7 +347,7 @@ func TestLeaseEndsAnOrphanedSandbox(t *testing.T) {
 	m.stopKeepAlive(inst)
 	waitGone(t, m.cli, id)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
-	wantCode(t, err, policy.Unavailable)
+	wantCode(t, err, errcode.Unavailable)
 }
 
 func TestIdleTimeoutRemovesTheContainer(t *testing.T) {
@@ -357,7 +357,7 @@ func TestIdleTimeoutRemovesTheContainer(t *testing.T) {
 	id := sb.ContainerID()
 	waitGone(t, m.cli, id)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
-	e := wantCode(t, err, policy.Unavailable)
+	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, "--idle-timeout") {
 		t.Errorf("message does not say why: %s", e.Message)
 	}
@@ -375,7 +375,7 @@ func TestMaxSandboxes(t *testing.T) {
 		t.Fatalf("an existing sandbox must stay reachable: %v", err)
 	}
 	_, err := m.Sandbox("c", "")
-	e := wantCode(t, err, policy.Busy)
+	e := wantCode(t, err, errcode.Busy)
 	if !strings.Contains(e.Message, "--max-sessions") {
 		t.Errorf("message: %s", e.Message)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -79,7 +80,7 @@ func TestSecurityDiskFill(t *testing.T) {
 		t.Fatal(r)
 	}
 	_, err := sb.WriteFile(context.Background(), "more", make([]byte, 1<<20), false, 0o644)
-	wantCode(t, err, policy.TooLarge)
+	wantCode(t, err, errcode.TooLarge)
 }
 
 func TestSecurityNoWayOut(t *testing.T) {

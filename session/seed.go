@@ -5,14 +5,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
 // seed is the content every new workspace starts with (--workspace-from):
@@ -32,7 +31,7 @@ type seed struct {
 // from outside dir (whose content is not dir's to give) fails the whole
 // seed, naming the file. The archive is capped at maxBytes.
 func newSeed(dir string, maxBytes int64) (*seed, error) {
-	ws, err := agent.OpenWorkspace(dir)
+	ws, err := workspace.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
 	}
@@ -44,15 +43,14 @@ func newSeed(dir string, maxBytes int64) (*seed, error) {
 	os.Remove(f.Name())
 	h := sha256.New()
 	res, err := ws.SnapshotTree(io.MultiWriter(f, h), agentproto.Limits{MaxBytes: maxBytes, MaxDepth: 256, MaxEntries: 1 << 20},
-		agent.SnapshotOptions{OwnLinksOnly: true})
+		workspace.SnapshotOptions{OwnLinksOnly: true})
 	if err != nil {
 		f.Close()
-		var pe *agentproto.Error
-		if errors.As(err, &pe) && pe.Code == agentproto.CodeTooLarge {
-			return nil, fmt.Errorf("--workspace-from %s is larger than the workspace (--max-workspace-bytes %d): %s", dir, maxBytes, pe.Message)
+		if e, ok := errcode.As(err); ok && e.Code == errcode.TooLarge {
+			return nil, fmt.Errorf("--workspace-from %s is larger than the workspace (--max-workspace-bytes %d): %s", dir, maxBytes, e.Message)
 		}
-		if errors.As(err, &pe) {
-			return nil, fmt.Errorf("--workspace-from %s: %s", dir, pe.Message)
+		if e, ok := errcode.As(err); ok {
+			return nil, fmt.Errorf("--workspace-from %s: %s", dir, e.Message)
 		}
 		return nil, fmt.Errorf("--workspace-from %s: %w", dir, err)
 	}
@@ -102,7 +100,7 @@ func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
 		return nil
 	}
 	if _, err := inst.conn.restore(ctx, sd.reader(), snapshotLimits(m.opts.Policy)); err != nil {
-		return errorf(policy.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
+		return errcode.Errorf(errcode.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
@@ -45,7 +46,7 @@ func TestWorkspaceFrom(t *testing.T) {
 		t.Fatal("a file outside --workspace-from was copied")
 	}
 	_, err := sb.ReadFile(context.Background(), "up", 0, 0, 1024)
-	wantCode(t, err, policy.OutsideWorkspace) // the link climbs out of the workspace
+	wantCode(t, err, errcode.OutsideWorkspace) // the link climbs out of the workspace
 	// Every new workspace starts from it, each its own copy.
 	sh(t, sb, "echo changed > README")
 	other, _ := m.Sandbox("other", "")
@@ -83,9 +84,9 @@ func TestReadOnlyWorkspaceFrom(t *testing.T) {
 		t.Fatalf("wrote to a read-only workspace: %+v", res)
 	}
 	_, err := sb.WriteFile(context.Background(), "new", []byte("x"), false, 0o644)
-	wantCode(t, err, policy.ReadOnly)
+	wantCode(t, err, errcode.ReadOnly)
 	_, _, err = sb.Restore(context.Background(), "snap-00000000000000000000")
-	wantCode(t, err, policy.ReadOnly)
+	wantCode(t, err, errcode.ReadOnly)
 	start := time.Now()
 	if _, err := sb.Snapshot(context.Background(), ""); err != nil {
 		t.Fatalf("snapshot of a read-only workspace: %v (%s)", err, time.Since(start))

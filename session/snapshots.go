@@ -19,8 +19,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // SnapshotInfo describes a stored snapshot.
@@ -281,13 +282,13 @@ func (s *SnapshotStore) admit(id, owner string) error {
 	mine, all := s.usageOf(owner, false), s.usageOf("", true)
 	switch {
 	case r.PerCallerCount > 0 && mine.flights+1 > r.PerCallerCount:
-		return errorf(policy.Busy, "%d snapshots of yours are being written now, as many as a caller may keep (--snapshot-max-count-per-caller %d); try again when they finish", mine.flights, r.PerCallerCount)
+		return errcode.Errorf(errcode.Busy, "%d snapshots of yours are being written now, as many as a caller may keep (--snapshot-max-count-per-caller %d); try again when they finish", mine.flights, r.PerCallerCount)
 	case r.PerCallerBytes > 0 && need > 0 && mine.reserved+need > r.PerCallerBytes:
-		return errorf(policy.Busy, "%d snapshots of yours are being written now, and with one more they could pass the %d bytes a caller may keep (--snapshot-max-bytes-per-caller); try again when they finish", mine.flights, r.PerCallerBytes)
+		return errcode.Errorf(errcode.Busy, "%d snapshots of yours are being written now, and with one more they could pass the %d bytes a caller may keep (--snapshot-max-bytes-per-caller); try again when they finish", mine.flights, r.PerCallerBytes)
 	case r.MaxCount > 0 && all.flights+1 > r.MaxCount:
-		return errorf(policy.Busy, "%d snapshots are being written on this server now, as many as it keeps (--snapshot-max-count %d); try again in a moment", all.flights, r.MaxCount)
+		return errcode.Errorf(errcode.Busy, "%d snapshots are being written on this server now, as many as it keeps (--snapshot-max-count %d); try again in a moment", all.flights, r.MaxCount)
 	case r.MaxBytes > 0 && need > 0 && all.reserved+need > r.MaxBytes:
-		return errorf(policy.Busy, "%d snapshots are being written on this server now, and with one more they could pass the %d bytes it keeps (--snapshot-max-bytes); try again in a moment", all.flights, r.MaxBytes)
+		return errcode.Errorf(errcode.Busy, "%d snapshots are being written on this server now, and with one more they could pass the %d bytes it keeps (--snapshot-max-bytes); try again in a moment", all.flights, r.MaxBytes)
 	}
 	s.flights[id] = &flight{owner: owner, reserved: need}
 	return nil
@@ -301,7 +302,7 @@ func (s *SnapshotStore) grant(id string, n int64) error {
 	f := s.flights[id]
 	if f.reserved > 0 && f.written+n > f.reserved {
 		_, why := s.reservation()
-		return errorf(policy.TooLarge, "the snapshot passed %d bytes, the most one snapshot may take here (%s); delete files you no longer need from the workspace (large ones first) and try again", f.reserved, why)
+		return errcode.Errorf(errcode.TooLarge, "the snapshot passed %d bytes, the most one snapshot may take here (%s); delete files you no longer need from the workspace (large ones first) and try again", f.reserved, why)
 	}
 	if err := s.makeRoom(f.owner, n, ""); err != nil {
 		return err
@@ -449,7 +450,7 @@ func (s *SnapshotStore) reserve(wait context.Context, id, owner string) error {
 		err := s.admit(id, owner)
 		freed := s.freed
 		s.mu.Unlock()
-		if e, ok := AsError(err); !ok || e.Code != policy.Busy || wait == nil {
+		if e, ok := errcode.As(err); !ok || e.Code != errcode.Busy || wait == nil {
 			return err
 		}
 		select {

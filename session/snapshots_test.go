@@ -16,7 +16,7 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // tarOf builds a tar stream from name/content pairs (a trailing "/" makes a
@@ -153,7 +153,7 @@ func TestSnapshotRetention(t *testing.T) {
 	dir = t.TempDir()
 	st, _ = OpenSnapshotStore(dir, Retention{MaxBytes: 1 << 10})
 	_, err := st.Create("", "sb", "", func(w io.Writer) error { _, err := w.Write(data); return err })
-	wantCode(t, err, policy.TooLarge)
+	wantCode(t, err, errcode.TooLarge)
 	if names, _ := os.ReadDir(dir); len(names) != 0 {
 		t.Fatalf("files left: %v", names)
 	}
@@ -343,7 +343,7 @@ func TestSnapshotConcurrentStayUnderTheByteCap(t *testing.T) {
 			ok++
 			continue
 		}
-		if e, isErr := AsError(r.err); isErr && e.Code == policy.Busy {
+		if e, isErr := errcode.As(r.err); isErr && e.Code == errcode.Busy {
 			busy++
 			continue
 		}
@@ -373,7 +373,7 @@ func TestSnapshotOutgrowingItsReservation(t *testing.T) {
 		_, err := w.Write(make([]byte, 50<<10))
 		return err
 	})
-	if e := wantCode(t, err, policy.TooLarge); !strings.Contains(e.Message, "40960 bytes") {
+	if e := wantCode(t, err, errcode.TooLarge); !strings.Contains(e.Message, "40960 bytes") {
 		t.Fatalf("message: %s", e.Message)
 	}
 	if got := ids(t, st, "alice"); !slices.Equal(got, []string{keep.ID}) {
@@ -403,13 +403,13 @@ func TestSnapshotCreateWaitsForRoom(t *testing.T) {
 	}()
 	<-writing
 	_, err := st.Create("", "sb", "alice", func(w io.Writer) error { _, err := w.Write(data); return err })
-	wantCode(t, err, policy.Busy)
+	wantCode(t, err, errcode.Busy)
 	// Another caller is not held up.
 	storeTar(t, st, "sb-b", "bob", data)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err = st.CreateWait(ctx, "", "sb", "alice", func(w io.Writer) error { _, err := w.Write(data); return err })
-	wantCode(t, err, policy.Busy)
+	wantCode(t, err, errcode.Busy)
 	second := make(chan error, 1)
 	go func() {
 		_, err := st.CreateWait(context.Background(), "", "sb", "alice", func(w io.Writer) error { _, err := w.Write(data); return err })
@@ -455,9 +455,9 @@ func TestRestoreAndFork(t *testing.T) {
 	// Another owner's snapshot is not found.
 	c, _ := m.Sandbox("c", "mallory")
 	_, _, err = c.Restore(ctx, info.ID)
-	wantCode(t, err, policy.NotFound)
+	wantCode(t, err, errcode.NotFound)
 	_, _, err = c.Restore(ctx, "snap-00000000000000000000")
-	wantCode(t, err, policy.NotFound)
+	wantCode(t, err, errcode.NotFound)
 }
 
 func TestRestoreRefusesHostileArchives(t *testing.T) {
@@ -472,7 +472,7 @@ func TestRestoreRefusesHostileArchives(t *testing.T) {
 	} {
 		info := storeTar(t, m.Snapshots(), sb.ID(), "", data)
 		_, _, err := sb.Restore(ctx, info.ID)
-		if e, ok := AsError(err); !ok || e.Code != policy.InvalidArgument {
+		if e, ok := errcode.As(err); !ok || e.Code != errcode.InvalidArgument {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT", name, err)
 		}
 	}
@@ -511,7 +511,7 @@ func TestLostContainerRecoversFromLatestSnapshot(t *testing.T) {
 	}
 	waitGone(t, m.cli, id)
 	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-	e := wantCode(t, err, policy.Unavailable)
+	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, info.ID) {
 		t.Fatalf("the message does not name the snapshot the next call restores: %s", e.Message)
 	}
@@ -520,7 +520,7 @@ func TestLostContainerRecoversFromLatestSnapshot(t *testing.T) {
 	}
 	// The same when the agent dies under a call.
 	err = execKillingAgent(t, m, sb)
-	if e := wantCode(t, err, policy.Unavailable); !strings.Contains(e.Message, info.ID) {
+	if e := wantCode(t, err, errcode.Unavailable); !strings.Contains(e.Message, info.ID) {
 		t.Fatalf("message: %s", e.Message)
 	}
 	if got := string(run(t, sb, "cat", "work.txt").Stdout); got != "saved\n" {
@@ -535,7 +535,7 @@ func TestIdleRemovalKeepsTheWork(t *testing.T) {
 	id := sb.ContainerID()
 	waitGone(t, m.cli, id)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
-	e := wantCode(t, err, policy.Unavailable)
+	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, "saved as snapshot") {
 		t.Fatalf("message: %s", e.Message)
 	}
@@ -617,10 +617,10 @@ func TestConcurrentSnapshotsOfAWorkspaceStayUnderTheByteCap(t *testing.T) {
 	var ok, busy int
 	for range 8 {
 		err := <-errs
-		switch e, isErr := AsError(err); {
+		switch e, isErr := errcode.As(err); {
 		case err == nil:
 			ok++
-		case isErr && e.Code == policy.Busy:
+		case isErr && e.Code == errcode.Busy:
 			busy++
 		default:
 			t.Errorf("snapshot: %v", err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -244,11 +245,11 @@ func memoryError(err error, advice string) error {
 		return err
 	}
 	if busy.need > busy.limit && advice != "" {
-		return &toolError{code: policy.TooLarge, msg: busy.Error() + "; " + advice}
+		return &errcode.Error{Code: errcode.TooLarge, Message: busy.Error() + "; " + advice}
 	}
 	msg := busy.Error() + "; retry when other calls have finished"
 	if advice != "" {
 		msg += ", " + advice
 	}
-	return &toolError{code: policy.Busy, msg: msg}
+	return &errcode.Error{Code: errcode.Busy, Message: msg}
 }

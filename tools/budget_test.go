@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // forever is a wait no test reaches: a reservation that should not wait
@@ -240,12 +240,12 @@ func TestMemoryErrorCodes(t *testing.T) {
 	mustReserve(t, b, "a", 50)
 	_, err := b.reserve(context.Background(), "a", 20, 0)
 	msg := memoryError(err, "or read less at once with offset and length").Error()
-	if !strings.HasPrefix(msg, string(policy.Busy)+": ") || !strings.Contains(msg, "retry when other calls have finished, or read less") {
+	if !strings.HasPrefix(msg, string(errcode.Busy)+": ") || !strings.Contains(msg, "retry when other calls have finished, or read less") {
 		t.Fatalf("a call that fits later: %q, want BUSY with what to do", msg)
 	}
 	_, err = b.reserve(context.Background(), "a", 61, 0)
 	msg = memoryError(err, "or read less at once with offset and length").Error()
-	if !strings.HasPrefix(msg, string(policy.TooLarge)+": ") || strings.Contains(msg, "retry") {
+	if !strings.HasPrefix(msg, string(errcode.TooLarge)+": ") || strings.Contains(msg, "retry") {
 		t.Fatalf("a call that never fits: %q, want TOO_LARGE without a retry", msg)
 	}
 }

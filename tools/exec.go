@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -45,22 +46,22 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	out.Sandbox = sb.ID()
 	p := d.Policy
 	if dec := p.CanExec(); !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	if dec := policy.CheckArgv(in.Argv); !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	env, dec := policy.CheckEnv(in.Env)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	cwd, dec := policy.WorkspacePath(in.Cwd)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	timeout, dec := p.ExecTimeoutFor(in.TimeoutMS)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	program := ""
 	if p.NeedsResolve() {
@@ -73,7 +74,7 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 			return nil, out, err
 		}
 		if dec := p.CheckProgram(in.Argv[0], resolved[0], allowed); !dec.Allow {
-			return nil, out, denied(dec)
+			return nil, out, dec.Err()
 		}
 		program = resolved[0]
 	}
@@ -103,10 +104,11 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	c.bytes = int64(len(res.Stdout) + len(res.Stderr))
 
 	text := renderExec(out, timeout, p.MaxOutputBytes, res)
-	return &mcp.CallToolResult{
-		Content: []mcp.Content{&mcp.TextContent{Text: text}},
-		IsError: out.TimedOut,
-	}, out, nil
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	if out.TimedOut {
+		result.SetError(timedOut(timeout)) // the text above starts with it
+	}
+	return result, out, nil
 }
 
 // toText returns output as valid UTF-8, replacing invalid bytes.
@@ -117,12 +119,16 @@ func toText(b []byte) string {
 	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
+// timedOut is the error of a command killed at its timeout.
+func timedOut(timeout time.Duration) *errcode.Error {
+	return errcode.Errorf(errcode.Timeout, "the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work in the background.", timeout)
+}
+
 // renderExec is the text a model reads.
 func renderExec(out ExecOut, timeout time.Duration, maxOut int64, res session.ExecResult) string {
 	var b strings.Builder
 	if out.TimedOut {
-		fmt.Fprintf(&b, "%s: the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work in the background.\n",
-			policy.Timeout, timeout)
+		b.WriteString(timedOut(timeout).Error() + "\n")
 	} else {
 		fmt.Fprintf(&b, "exit code %d (%d ms)\n", out.ExitCode, out.DurationMS)
 	}

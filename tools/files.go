@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -42,10 +43,10 @@ func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolR
 	out.Sandbox = sb.ID()
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	if dec := policy.CheckRange(in.Offset, in.Length); !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	const advice = "or read less at once with offset and length"
 	if err := d.reserve(ctx, c, policy.ReadReserve(d.Policy.ReadLimit(in.Length)), reserveWait, advice); err != nil {
@@ -148,18 +149,18 @@ func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToo
 	}
 	out.Sandbox = sb.ID()
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	if rel == "." {
-		return nil, out, &toolError{code: policy.InvalidArgument, msg: "path names the workspace root, which is a directory; name a file"}
+		return nil, out, &errcode.Error{Code: errcode.InvalidArgument, Message: "path names the workspace root, which is a directory; name a file"}
 	}
 	mode, dec := policy.ParseMode(in.Mode)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	// The arguments hold their own reservation (holdArguments); the
 	// content is in memory already, so a write that does not fit is
@@ -178,14 +179,14 @@ func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToo
 	case "base64":
 		size, err = base64Size(in.Content)
 		if err != nil {
-			return nil, out, &toolError{code: policy.InvalidArgument, msg: fmt.Sprintf("content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)}
+			return nil, out, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)
 		}
 		src = base64.NewDecoder(base64.StdEncoding, strings.NewReader(in.Content))
 	default:
-		return nil, out, &toolError{code: policy.InvalidArgument, msg: fmt.Sprintf("encoding %q is not supported; use utf-8 or base64", in.Encoding)}
+		return nil, out, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; use utf-8 or base64", in.Encoding)
 	}
 	if dec := d.Policy.CheckWriteSize(size); !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	res, err := sb.WriteFileFrom(ctx, rel, src, size, in.Append, mode)
 	if err != nil {
@@ -250,11 +251,11 @@ func (d *Deps) list(ctx context.Context, c *call, in ListIn) (*mcp.CallToolResul
 	out.Sandbox = sb.ID()
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	n, dec := policy.ListEntries(in.MaxEntries)
 	if !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	if err := d.reserve(ctx, c, policy.ListReserve(n), reserveWait, "or list fewer entries with max_entries"); err != nil {
 		return nil, out, err

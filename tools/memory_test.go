@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
@@ -143,7 +144,7 @@ func (r *rig) ok(name string, args map[string]any) map[string]any {
 	return res.StructuredContent.(map[string]any)
 }
 
-func (r *rig) fails(name string, args map[string]any, code policy.Code) string {
+func (r *rig) fails(name string, args map[string]any, code errcode.Code) string {
 	r.t.Helper()
 	res := r.call(name, args)
 	msg := text(res)
@@ -225,7 +226,7 @@ func TestResultsMatchTheirSchemas(t *testing.T) {
 	if err != nil || len(rr.Contents) != 2 || int64(len(rr.Contents[1].Blob)) != int64(snap["size_bytes"].(float64)) {
 		t.Fatalf("snapshot resource: %v, %v", rr, err)
 	}
-	r.fails(NameReadFile, map[string]any{"path": "missing"}, policy.NotFound)
+	r.fails(NameReadFile, map[string]any{"path": "missing"}, errcode.NotFound)
 	r.idle()
 }
 
@@ -245,7 +246,7 @@ func TestReadWaitsForMemoryThenIsBusy(t *testing.T) {
 		t.Fatalf("a small read returned %d bytes", len(out["content"].(string)))
 	}
 	start := time.Now()
-	msg := r.fails(NameReadFile, map[string]any{"path": "f"}, policy.Busy)
+	msg := r.fails(NameReadFile, map[string]any{"path": "f"}, errcode.Busy)
 	if time.Since(start) < reserveWait {
 		t.Errorf("refused after %s, before its wait of %s", time.Since(start), reserveWait)
 	}
@@ -273,7 +274,7 @@ func TestReadWaitsForMemoryThenIsBusy(t *testing.T) {
 
 	// The server's total bounds every session together.
 	held = r.hold("", r.d.Policy.MaxInflightBytes-small)
-	msg = r.fails(NameReadFile, map[string]any{"path": "f"}, policy.Busy)
+	msg = r.fails(NameReadFile, map[string]any{"path": "f"}, errcode.Busy)
 	if !strings.Contains(msg, "the server's calls in flight") || !strings.Contains(msg, "--max-inflight-bytes") {
 		t.Errorf("BUSY message %q does not name the server's limit", msg)
 	}
@@ -287,7 +288,7 @@ func TestEscapedTextPastTheShareIsTooLarge(t *testing.T) {
 	// 3 MiB of "<", each six bytes of JSON, twice in the result: 36 MiB of
 	// JSON, more than the session's share once encoded.
 	r.ok(NameExec, map[string]any{"argv": []string{"sh", "-c", "head -c 3145728 /dev/zero | tr '\\0' '<' > lt"}})
-	msg := r.fails(NameReadFile, map[string]any{"path": "lt"}, policy.TooLarge)
+	msg := r.fails(NameReadFile, map[string]any{"path": "lt"}, errcode.TooLarge)
 	if !strings.Contains(msg, "read it in smaller parts with offset and length") || strings.Contains(msg, "retry") {
 		t.Fatalf("TOO_LARGE message %q", msg)
 	}
@@ -308,12 +309,12 @@ func TestWriteArgumentsAreReservedFirst(t *testing.T) {
 	content := base64.StdEncoding.EncodeToString(make([]byte, 256<<10))
 	share := r.d.Policy.MaxSessionInflightBytes
 	held := r.hold(budgetKey(r.ss), share-policy.ArgumentsReserve(int64(len(content))))
-	msg := r.fails(NameWriteFile, map[string]any{"path": "big", "content": content, "encoding": "base64"}, policy.Busy)
+	msg := r.fails(NameWriteFile, map[string]any{"path": "big", "content": content, "encoding": "base64"}, errcode.Busy)
 	if !strings.Contains(msg, "a write in parts with append") {
 		t.Errorf("BUSY message %q does not say to write in parts", msg)
 	}
 	held.release()
-	r.fails(NameReadFile, map[string]any{"path": "big"}, policy.NotFound)
+	r.fails(NameReadFile, map[string]any{"path": "big"}, errcode.NotFound)
 	r.ok(NameWriteFile, map[string]any{"path": "big", "content": content, "encoding": "base64"})
 	r.idle()
 }

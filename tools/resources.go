@@ -3,7 +3,6 @@ package tools
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -131,9 +131,8 @@ const CodeBusy = -32000
 // resourceError turns a tool error into the JSON-RPC error a resource read
 // answers with.
 func resourceError(err error) error {
-	var te *toolError
-	if errors.As(err, &te) {
-		return &jsonrpc.Error{Code: CodeBusy, Message: te.Error()}
+	if e, ok := errcode.As(err); ok {
+		return &jsonrpc.Error{Code: CodeBusy, Message: e.Error()}
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -56,10 +57,10 @@ func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToo
 	}
 	out.Sandbox = sb.ID()
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, denied(dec)
+		return nil, out, dec.Err()
 	}
 	if !session.ValidSnapshotID(in.ID) {
-		return nil, out, &toolError{code: policy.InvalidArgument, msg: fmt.Sprintf("%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)}
+		return nil, out, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
 	}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
@@ -115,7 +116,7 @@ func (d *Deps) deleteSnapshot(ctx context.Context, c *call, in DeleteSnapshotIn)
 	store := d.Sessions.Manager().Snapshots()
 	info, err := store.Get(in.ID)
 	if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != sb.Owner()) {
-		return nil, out, &toolError{code: policy.NotFound, msg: fmt.Sprintf("no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)}
+		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)
 	}
 	if err != nil {
 		return nil, out, err

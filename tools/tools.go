@@ -4,9 +4,9 @@
 //
 // Errors follow one rule. A failure the model can act on is a tool result
 // with isError set and a text that starts with one of the contract's codes
-// (policy.Code), then a colon, then what was wrong and what to do. A fault
-// the model cannot act on is a JSON-RPC internal error, and its detail goes
-// to the server log only.
+// (an *errcode.Error), then a colon, then what was wrong and what to do. A
+// fault the model cannot act on is a JSON-RPC internal error, and its detail
+// goes to the server log only.
 package tools
 
 import (
@@ -15,13 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -59,16 +59,6 @@ type Record struct {
 	Duration float64         `json:"duration_ms"`
 }
 
-// toolError is a failure the model can act on. Its text is "CODE: message".
-type toolError struct {
-	code policy.Code
-	msg  string
-}
-
-func (e *toolError) Error() string { return string(e.code) + ": " + e.msg }
-
-func denied(d policy.Decision) error { return &toolError{code: d.Code, msg: d.Reason} }
-
 // call is the state of one tool call, filled in by its handler and logged
 // by the wrapper.
 type call struct {
@@ -83,7 +73,9 @@ type call struct {
 
 // handler is a tool's logic: decode is done by the SDK; it asks policy,
 // calls session and returns the output (and, rarely, a result of its own to
-// carry content or isError beside the output).
+// carry content or isError beside the output). A failure the model can act
+// on is an *errcode.Error; a result of its own with isError carries one too
+// (CallToolResult.SetError), so codeErrors knows the result as the tool's.
 type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error)
 
 // wrap turns a handler into an SDK handler that logs one record per call,
@@ -121,18 +113,16 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 			Bytes:    c.bytes,
 			Duration: float64(time.Since(start).Microseconds()) / 1000,
 		}
-		var te *toolError
-		var se *session.Error
+		coded, isCoded := errcode.As(err)
 		switch {
 		case err == nil:
 			if res != nil && res.IsError {
 				rec.Reason = "timed out"
 			}
-		case errors.As(err, &te):
+		case isCoded:
+			// The model reads "CODE: message", without what wrapped it.
+			err = coded
 			rec.Decision, rec.Reason = "deny", err.Error()
-		case errors.As(err, &se):
-			rec.Decision, rec.Reason = "deny", err.Error()
-			err = &toolError{code: se.Code, msg: se.Message}
 		case ctx.Err() != nil:
 			rec.Decision, rec.Reason = "deny", "cancelled"
 		default:
@@ -277,8 +267,8 @@ func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
 		// A call naming a sandbox does not make one for its session.
 		sb, ok := s.m.Lookup(named, owner)
 		if !ok {
-			return nil, &toolError{code: policy.NotFound, msg: fmt.Sprintf(
-				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)}
+			return nil, errcode.Errorf(errcode.NotFound,
+				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)
 		}
 		c.sandbox = sb.ID()
 		return sb, nil
@@ -291,26 +281,25 @@ func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
 	return own, nil
 }
 
-// codeErrors makes every failed tool result start with a code: the SDK
-// validates arguments against the input schema before a handler runs, and
-// its messages have none. Those are INVALID_ARGUMENT.
+// codeErrors makes every failed tool result start with a code. A failed
+// result a tool made carries its *errcode.Error (see handler; the SDK keeps
+// a handler's error on the result it makes of it). One without was made by
+// the SDK itself, from checking the arguments against the input schema
+// before any handler ran, and its message has no code: it is
+// INVALID_ARGUMENT. The text is never parsed.
 func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		res, err := next(ctx, method, req)
-		if r, ok := res.(*mcp.CallToolResult); ok && err == nil && r.IsError && len(r.Content) > 0 {
-			if tc, ok := r.Content[0].(*mcp.TextContent); ok && !hasCode(tc.Text) {
-				tc.Text = string(policy.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
-			}
+		r, ok := res.(*mcp.CallToolResult)
+		if !ok || err != nil || !r.IsError || len(r.Content) == 0 {
+			return res, err
+		}
+		if _, coded := errcode.As(r.GetError()); coded {
+			return res, err
+		}
+		if tc, ok := r.Content[0].(*mcp.TextContent); ok {
+			tc.Text = string(errcode.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
 		}
 		return res, err
 	}
-}
-
-func hasCode(s string) bool {
-	for _, c := range policy.Codes {
-		if strings.HasPrefix(s, string(c)+": ") {
-			return true
-		}
-	}
-	return false
 }

@@ -3,16 +3,20 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -143,3 +147,47 @@ func TestExecDescriptionFollowsPolicy(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestOnlyResultsWithoutAToolErrorGetInvalidArgument: codeErrors goes by the
+// error a failed result carries, not by its text. A result the SDK made
+// itself (from checking the arguments, before any handler ran) carries a
+// plain error and gets INVALID_ARGUMENT, even when its text happens to
+// start like a code; a result a tool made carries its *errcode.Error and is
+// left as it is.
+func TestOnlyResultsWithoutAToolErrorGetInvalidArgument(t *testing.T) {
+	through := func(res *mcp.CallToolResult) string {
+		t.Helper()
+		next := func(context.Context, string, mcp.Request) (mcp.Result, error) { return res, nil }
+		out, err := codeErrors(next)(context.Background(), "tools/call", &mcp.CallToolRequest{})
+		if err != nil || out != res {
+			t.Fatalf("codeErrors returned %v, %v; want the result it was given", out, err)
+		}
+		return text(res)
+	}
+
+	sdk := &mcp.CallToolResult{}
+	sdk.SetError(errors.New(`validating "arguments": argv: minItems: got 0, want 1`))
+	if got := through(sdk); !strings.HasPrefix(got, `INVALID_ARGUMENT: validating "arguments"`) || !strings.HasSuffix(got, "input schema") {
+		t.Errorf("the SDK's argument error reads %q, want INVALID_ARGUMENT and the advice", got)
+	}
+	lookalike := &mcp.CallToolResult{}
+	lookalike.SetError(errors.New("BUSY: text that only looks like a code"))
+	if got := through(lookalike); !strings.HasPrefix(got, "INVALID_ARGUMENT: BUSY: ") {
+		t.Errorf("an SDK error whose text starts like a code reads %q, want it coded INVALID_ARGUMENT", got)
+	}
+
+	tool := &mcp.CallToolResult{}
+	tool.SetError(fmt.Errorf("handler: %w", errcode.Errorf(errcode.NotFound, "no such file")))
+	if got := through(tool); got != "handler: NOT_FOUND: no such file" {
+		t.Errorf("a tool's error was changed to %q", got)
+	}
+	timeout := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: timedOut(time.Second).Error() + "\npartial output"}}}
+	timeout.SetError(timedOut(time.Second))
+	if got := through(timeout); !strings.HasPrefix(got, "TIMEOUT: ") || !strings.HasSuffix(got, "partial output") {
+		t.Errorf("a tool's own failed result was changed to %q", got)
+	}
+	ok := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "fine"}}}
+	if got := through(ok); got != "fine" {
+		t.Errorf("a result that did not fail was changed to %q", got)
+	}
+}

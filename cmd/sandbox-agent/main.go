@@ -17,7 +17,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
+	"github.com/sandbox-mcp/sandbox-mcp/agent"
 )
 
 func main() {

@@ -13,7 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // sessionQuota admits requests that may open an MCP session, under
@@ -141,12 +141,13 @@ func (q *callQuota) limit(next mcp.MethodHandler) mcp.MethodHandler {
 		caller := ownerOf(req.GetExtra())
 		if !q.take(caller) {
 			q.log.Info("call refused", "caller", caller, "method", method, "reason", "--max-calls-per-caller", "max", q.max)
-			msg := fmt.Sprintf("%s: you already have %d calls in flight, the most one caller may run at once (--max-calls-per-caller); wait for one to finish, then retry",
-				policy.Busy, q.max)
+			busy := errcode.Errorf(errcode.Busy, "you already have %d calls in flight, the most one caller may run at once (--max-calls-per-caller); wait for one to finish, then retry", q.max)
 			if method == "tools/call" {
-				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}, nil
+				res := &mcp.CallToolResult{}
+				res.SetError(busy) // a tool error: the text is "BUSY: ..."
+				return res, nil
 			}
-			return nil, &jsonrpc.Error{Code: busyRPCCode, Message: msg}
+			return nil, &jsonrpc.Error{Code: busyRPCCode, Message: busy.Error()}
 		}
 		defer q.give(caller)
 		return next(ctx, method, req)

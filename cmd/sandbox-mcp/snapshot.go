@@ -13,9 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agent"
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
 const snapshotUsage = `Usage:
@@ -166,7 +166,7 @@ func snapshotCmd(args []string, stdout, stderr io.Writer, getenv func(string) st
 // skipped and setuid, setgid and sticky bits dropped, so nothing is ever
 // written outside dir. Modes are masked with the umask and, unless
 // allowGroupWrite, lose group and other write. Unless keepSymlinks, a
-// symlink that would lead outside dir (see agent.SymlinkStaysInside) is
+// symlink that would lead outside dir (see workspace.SymlinkStaysInside) is
 // not written, and named on stderr.
 func exportSnapshot(store *session.SnapshotStore, id, dir string, opt exportOptions, stderr io.Writer) (agentproto.RestoreResult, error) {
 	var res agentproto.RestoreResult
@@ -188,21 +188,21 @@ func exportSnapshot(store *session.SnapshotStore, id, dir string, opt exportOpti
 	if len(entries) > 0 {
 		return res, fmt.Errorf("%s is not empty; export into a new or empty directory", dir)
 	}
-	ws, err := agent.OpenWorkspace(dir)
+	ws, err := workspace.Open(dir)
 	if err != nil {
 		return res, err
 	}
 	defer ws.Close()
 	umask := syscall.Umask(0)
 	syscall.Umask(umask)
-	xo := agent.ExtractOptions{ClearMode: uint32(umask)}
+	xo := workspace.ExtractOptions{ClearMode: uint32(umask)}
 	if !opt.allowGroupWrite {
 		xo.ClearMode |= 0o022
 	}
 	skipped := 0
 	if !opt.keepSymlinks {
 		xo.KeepSymlink = func(name, target string) bool {
-			if agent.SymlinkStaysInside(name, target) {
+			if workspace.SymlinkStaysInside(name, target) {
 				return true
 			}
 			if skipped++; skipped <= maxExportNotes {

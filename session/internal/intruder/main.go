@@ -35,7 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
 
 func main() {

@@ -3,6 +3,8 @@ package agentproto
 import (
 	"fmt"
 	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Hello is the agent's first frame.
@@ -183,44 +185,41 @@ type RestoreResult struct {
 	Skipped int   `json:"skipped"` // entries dropped (devices, FIFOs, sockets)
 }
 
-// Code classifies an error. The values are the error codes of the tool
-// contract, so the server can pass them on after checking them.
-type Code string
-
-const (
-	CodeInvalidArgument  Code = "INVALID_ARGUMENT"
-	CodeReadOnly         Code = "READ_ONLY"
-	CodeOutsideWorkspace Code = "OUTSIDE_WORKSPACE"
-	CodeNotFound         Code = "NOT_FOUND"
-	CodeTooLarge         Code = "TOO_LARGE"
-	CodeTimeout          Code = "TIMEOUT"
-	CodeBusy             Code = "BUSY"
-	CodeUnavailable      Code = "UNAVAILABLE"
-	// CodeInternal is a fault the model cannot act on.
-	CodeInternal Code = "INTERNAL"
-)
-
-// Valid reports whether c is one of the defined codes.
-func (c Code) Valid() bool {
-	switch c {
-	case CodeInvalidArgument, CodeReadOnly, CodeOutsideWorkspace, CodeNotFound,
-		CodeTooLarge, CodeTimeout, CodeBusy, CodeUnavailable, CodeInternal:
-		return true
-	}
-	return false
-}
-
-// Error is the body of a KindError frame, and the error type the agent's
-// operations return.
+// Error is the body of a KindError frame: the wire form of an
+// *errcode.Error, or, with CodeInternal, of a fault that is not the model's to
+// act on. Only the agent sends it; ErrorOf makes it and Err reads it.
 type Error struct {
-	Code    Code   `json:"code"`
+	Code    string `json:"code"`
 	Message string `json:"message"`
 }
 
-func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+// CodeInternal is the wire code of a fault the model cannot act on. It is not
+// one of errcode's codes, and Err never turns it into one.
+const CodeInternal = "INTERNAL"
 
-// Errorf returns an *Error with the code and a formatted message. The message
-// says what was wrong and, where possible, what to do instead.
-func Errorf(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+// ErrorOf is the wire form of err: the code and message of the *errcode.Error
+// in its chain, or CodeInternal and err's text.
+func ErrorOf(err error) Error {
+	if e, ok := errcode.As(err); ok {
+		return Error{Code: string(e.Code), Message: e.Message}
+	}
+	return Error{Code: CodeInternal, Message: err.Error()}
+}
+
+// agentMay reports whether the agent may answer with code: any of errcode's
+// codes but POLICY_DENIED, which only the server's policy decides.
+func agentMay(code errcode.Code) bool {
+	return code.Valid() && code != errcode.PolicyDenied
+}
+
+// Err is the error e stands for, as the server reads it: an *errcode.Error
+// when e.Code is a code the agent may send (any of errcode's but
+// POLICY_DENIED). Any other code (CodeInternal, POLICY_DENIED, or one this
+// server does not know) gives an error that is not an *errcode.Error, naming
+// the code the agent sent: the model never sees it as one of its codes.
+func (e Error) Err() error {
+	if c := errcode.Code(e.Code); agentMay(c) {
+		return &errcode.Error{Code: c, Message: e.Message}
+	}
+	return fmt.Errorf("agent: %s: %s", e.Code, e.Message)
 }

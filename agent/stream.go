@@ -7,7 +7,8 @@ import (
 	"io"
 	"sync"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // inbox is the input side of a request: the payloads of the data frames the
@@ -97,7 +98,7 @@ func (w *chunkWriter) Write(p []byte) (int, error) {
 	for len(p) > 0 {
 		if w.ctx != nil {
 			if err := w.ctx.Err(); err != nil {
-				return written, agentproto.Errorf(agentproto.CodeTimeout, "the request was cancelled")
+				return written, errcode.Errorf(errcode.Timeout, "the request was cancelled")
 			}
 		}
 		n := min(len(p), agentproto.ChunkSize)

@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"archive/tar"
@@ -17,7 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // snapshot returns the workspace as a tar archive.
@@ -259,7 +260,7 @@ func TestSnapshotSparseCap(t *testing.T) {
 	f.Close()
 	start := time.Now()
 	_, _, err = e.snapshot(agentproto.Limits{MaxBytes: 1 << 20})
-	wantCode(t, err, agentproto.CodeTooLarge, "big")
+	wantCode(t, err, errcode.TooLarge, "big")
 	if !strings.Contains(err.Error(), "would exceed 1048576 bytes") {
 		t.Errorf("message: %v", err)
 	}
@@ -319,17 +320,17 @@ func TestSnapshotLimits(t *testing.T) {
 		t.Fatalf("exactly MaxEntries: %v", err)
 	}
 	_, _, err = e.snapshot(agentproto.Limits{MaxEntries: entries - 1})
-	wantCode(t, err, agentproto.CodeTooLarge, "")
+	wantCode(t, err, errcode.TooLarge, "")
 	if _, _, err := e.snapshot(agentproto.Limits{MaxDepth: 5}); err != nil {
 		t.Fatalf("exactly MaxDepth: %v", err)
 	}
 	_, _, err = e.snapshot(agentproto.Limits{MaxDepth: 4})
-	wantCode(t, err, agentproto.CodeTooLarge, "a/b/c/d/e")
+	wantCode(t, err, errcode.TooLarge, "a/b/c/d/e")
 	if _, _, err := e.snapshot(agentproto.Limits{MaxBytes: int64(len(full))}); err != nil {
 		t.Fatalf("exactly MaxBytes: %v", err)
 	}
 	_, _, err = e.snapshot(agentproto.Limits{MaxBytes: int64(len(full)) - 1})
-	wantCode(t, err, agentproto.CodeTooLarge, "")
+	wantCode(t, err, errcode.TooLarge, "")
 	_, _, err = e.snapshot(agentproto.Limits{MaxBytes: -1})
 	wantCode(t, err, invalidCode, "")
 
@@ -368,12 +369,12 @@ func TestDeepTree(t *testing.T) {
 	e := newEnv(t)
 	mkdeep(t, e, "dd", 5000)
 	_, _, err := e.snapshot(agentproto.Limits{})
-	wantCode(t, err, agentproto.CodeTooLarge, "")
+	wantCode(t, err, errcode.TooLarge, "")
 	if !strings.Contains(err.Error(), "more than the 4096 a snapshot can hold") {
 		t.Errorf("message: %v", err)
 	}
 	_, _, err = e.snapshot(agentproto.Limits{MaxDepth: 100})
-	wantCode(t, err, agentproto.CodeTooLarge, "")
+	wantCode(t, err, errcode.TooLarge, "")
 	ents, _, err := listAll(e.w, ".", true, 10000)
 	if err != nil || len(ents) != listMaxDepth {
 		t.Fatalf("list: %d entries, %v", len(ents), err)
@@ -433,7 +434,7 @@ func TestSnapshotDuringChanges(t *testing.T) {
 	for time.Now().Before(deadline) {
 		archive, _, err := e.snapshot(agentproto.Limits{})
 		if err != nil {
-			if codeOf(err) == agentproto.CodeInternal || codeOf(err) == "" {
+			if codeOf(err) == "" { // a fault, or not this package's error
 				t.Fatalf("snapshot failed uncleanly: %v", err)
 			}
 			continue
@@ -467,7 +468,7 @@ func TestRestoreHostile(t *testing.T) {
 		name    string
 		archive func(t *testing.T, e *env) []byte
 		lim     agentproto.Limits
-		code    agentproto.Code // "" = accepted
+		code    errcode.Code // "" = accepted
 		check   check
 	}{
 		{"dotdot", func(t *testing.T, e *env) []byte { return makeTar(t, reg("../x", "evil")) }, agentproto.Limits{}, invalidCode, nil},
@@ -530,24 +531,24 @@ func TestRestoreHostile(t *testing.T) {
 				ents = append(ents, reg(fmt.Sprintf("f%d", i), ""))
 			}
 			return makeTar(t, ents...)
-		}, agentproto.Limits{MaxEntries: 1000}, agentproto.CodeTooLarge, nil},
-		{"byte bomb header", func(t *testing.T, e *env) []byte { return bigHeader(t, 1<<40) }, agentproto.Limits{MaxBytes: 1 << 20}, agentproto.CodeTooLarge, nil},
+		}, agentproto.Limits{MaxEntries: 1000}, errcode.TooLarge, nil},
+		{"byte bomb header", func(t *testing.T, e *env) []byte { return bigHeader(t, 1<<40) }, agentproto.Limits{MaxBytes: 1 << 20}, errcode.TooLarge, nil},
 		{"byte bomb zeros", func(t *testing.T, e *env) []byte {
 			return makeTar(t, reg("zeros", string(make([]byte, 8<<20))))
-		}, agentproto.Limits{MaxBytes: 1 << 20}, agentproto.CodeTooLarge, nil},
+		}, agentproto.Limits{MaxBytes: 1 << 20}, errcode.TooLarge, nil},
 		{"byte bomb many files", func(t *testing.T, e *env) []byte {
 			var ents []tarEntry
 			for i := range 40 {
 				ents = append(ents, reg(fmt.Sprintf("f%d", i), strings.Repeat("z", 100<<10)))
 			}
 			return makeTar(t, ents...)
-		}, agentproto.Limits{MaxBytes: 1 << 20}, agentproto.CodeTooLarge, nil},
+		}, agentproto.Limits{MaxBytes: 1 << 20}, errcode.TooLarge, nil},
 		{"trailing junk past the cap", func(t *testing.T, e *env) []byte {
 			return append(makeTar(t, reg("a", "x")), make([]byte, 1<<20)...)
-		}, agentproto.Limits{MaxBytes: 64 << 10}, agentproto.CodeTooLarge, nil},
+		}, agentproto.Limits{MaxBytes: 64 << 10}, errcode.TooLarge, nil},
 		{"depth bomb", func(t *testing.T, e *env) []byte {
 			return makeTar(t, reg(strings.Repeat("d/", 50)+"x", "x"))
-		}, agentproto.Limits{MaxDepth: 20}, agentproto.CodeTooLarge, nil},
+		}, agentproto.Limits{MaxDepth: 20}, errcode.TooLarge, nil},
 		{"name over 4096 bytes", func(t *testing.T, e *env) []byte {
 			return makeTar(t, reg(strings.Repeat("d/", 2100)+"x", "x"))
 		}, agentproto.Limits{}, invalidCode, nil},
@@ -681,7 +682,7 @@ func TestRestoreExactBytes(t *testing.T) {
 		t.Fatalf("exact: %+v %v", res, err)
 	}
 	_, err := e.w.Restore(bytes.NewReader(archive), agentproto.Limits{MaxBytes: int64(len(archive)) - 1})
-	wantCode(t, err, agentproto.CodeTooLarge, "")
+	wantCode(t, err, errcode.TooLarge, "")
 }
 
 // TestRestoreGNUTar restores what GNU tar makes of a directory ("./"

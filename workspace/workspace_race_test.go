@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"archive/tar"
@@ -14,7 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // TestSymlinkSwapRace covers security-cases §3 row 10 (CVE-2018-15664
@@ -92,7 +93,7 @@ func raceSwap(t *testing.T, mode string) {
 		codes[op+" "+string(c)]++
 		codesMu.Unlock()
 		switch c {
-		case agentproto.CodeOutsideWorkspace, agentproto.CodeNotFound, agentproto.CodeInvalidArgument:
+		case errcode.OutsideWorkspace, errcode.NotFound, errcode.InvalidArgument:
 		default:
 			t.Errorf("%s: unexpected error %v", op, err)
 		}

@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"bytes"
@@ -17,13 +17,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 const (
-	outsideCode  = agentproto.CodeOutsideWorkspace
-	invalidCode  = agentproto.CodeInvalidArgument
-	notFoundCode = agentproto.CodeNotFound
+	outsideCode  = errcode.OutsideWorkspace
+	invalidCode  = errcode.InvalidArgument
+	notFoundCode = errcode.NotFound
 )
 
 // TestReadConfinement covers security-cases §3 rows 1, 2, 4, 5, 6 (read),
@@ -36,7 +37,7 @@ func TestReadConfinement(t *testing.T) {
 		name  string
 		setup func(e *env)
 		path  string
-		code  agentproto.Code
+		code  errcode.Code
 	}{
 		{"dotdot", nil, "../outside/secret", outsideCode},
 		{"dotdot deep", nil, "../../../../../../../../etc/passwd", outsideCode},
@@ -136,7 +137,7 @@ func TestReadRanges(t *testing.T) {
 		off, length, max int64
 		want             string
 		truncated        bool
-		code             agentproto.Code
+		code             errcode.Code
 	}{
 		{0, 0, 100, "0123456789", false, ""},
 		{3, 0, 100, "3456789", false, ""},
@@ -306,7 +307,7 @@ func TestWriteBasics(t *testing.T) {
 	e.file("adir/keep", "keep")
 	bad := []struct {
 		path string
-		code agentproto.Code
+		code errcode.Code
 	}{
 		{"", invalidCode},
 		{".", invalidCode},
@@ -389,7 +390,7 @@ func TestWriteConfinement(t *testing.T) {
 		name  string
 		setup func(e *env)
 		path  string
-		code  agentproto.Code
+		code  errcode.Code
 		check func(e *env)
 	}{
 		{"dotdot", nil, "../outside/evil", outsideCode, nil},
@@ -753,7 +754,7 @@ func TestOpenDir(t *testing.T) {
 		}
 		f.Close()
 	}
-	for p, code := range map[string]agentproto.Code{
+	for p, code := range map[string]errcode.Code{
 		"sub/f":           invalidCode,
 		"missing":         notFoundCode,
 		"out":             outsideCode,
@@ -779,32 +780,32 @@ func TestClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err := e.read("x")
-	wantCode(t, err, agentproto.CodeUnavailable, "")
+	wantCode(t, err, errcode.Unavailable, "")
 	_, err = e.w.Restore(strings.NewReader(""), agentproto.Limits{})
-	wantCode(t, err, agentproto.CodeUnavailable, "")
+	wantCode(t, err, errcode.Unavailable, "")
 	if err := e.w.Close(); err != nil {
 		t.Fatal("second Close:", err)
 	}
-	_, err = OpenWorkspace(filepath.Join(e.base, "missing"))
+	_, err = Open(filepath.Join(e.base, "missing"))
 	wantCode(t, err, notFoundCode, "")
 }
 
 // TestErrnoMapping checks the code for each errno class.
 func TestErrnoMapping(t *testing.T) {
-	for errno, code := range map[unix.Errno]agentproto.Code{
-		unix.ENOENT:       agentproto.CodeNotFound,
-		unix.EXDEV:        agentproto.CodeOutsideWorkspace,
-		unix.EROFS:        agentproto.CodeReadOnly,
-		unix.ENOSPC:       agentproto.CodeTooLarge,
-		unix.EDQUOT:       agentproto.CodeTooLarge,
-		unix.EFBIG:        agentproto.CodeTooLarge,
-		unix.EISDIR:       agentproto.CodeInvalidArgument,
-		unix.ENOTDIR:      agentproto.CodeInvalidArgument,
-		unix.ELOOP:        agentproto.CodeInvalidArgument,
-		unix.ENAMETOOLONG: agentproto.CodeInvalidArgument,
-		unix.EACCES:       agentproto.CodeInvalidArgument,
-		unix.EMFILE:       agentproto.CodeBusy,
-		unix.EIO:          agentproto.CodeInternal,
+	for errno, code := range map[unix.Errno]errcode.Code{
+		unix.ENOENT:       errcode.NotFound,
+		unix.EXDEV:        errcode.OutsideWorkspace,
+		unix.EROFS:        errcode.ReadOnly,
+		unix.ENOSPC:       errcode.TooLarge,
+		unix.EDQUOT:       errcode.TooLarge,
+		unix.EFBIG:        errcode.TooLarge,
+		unix.EISDIR:       errcode.InvalidArgument,
+		unix.ENOTDIR:      errcode.InvalidArgument,
+		unix.ELOOP:        errcode.InvalidArgument,
+		unix.ENAMETOOLONG: errcode.InvalidArgument,
+		unix.EACCES:       errcode.InvalidArgument,
+		unix.EMFILE:       errcode.Busy,
+		unix.EIO:          "", // a fault: no code, INTERNAL on the wire
 	} {
 		err := fsError("read", "a/b", errno)
 		if codeOf(err) != code || !strings.Contains(err.Error(), `read "a/b": `) {
@@ -817,8 +818,8 @@ func TestErrnoMapping(t *testing.T) {
 	if !strings.Contains(fsError("write", "x", unix.ENOSPC).Error(), "the workspace is full") {
 		t.Error("ENOSPC message")
 	}
-	if !strings.Contains(fsError("read", "x", unix.EIO).Error(), "EIO") {
-		t.Error("INTERNAL names the errno")
+	if err := fsError("read", "x", unix.EIO); !strings.Contains(err.Error(), "EIO") || !errors.As(err, new(*faultError)) {
+		t.Errorf("EIO: %v (%T), want a fault that names the errno", err, err)
 	}
 }
 
@@ -870,7 +871,7 @@ func TestMounts(t *testing.T) {
 		t.Skipf("cannot mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
-	w, err := OpenWorkspace(small)
+	w, err := Open(small)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -899,7 +900,7 @@ func TestMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = w.Restore(bytes.NewReader(snap.Bytes()), agentproto.Limits{})
-	wantCode(t, err, agentproto.CodeTooLarge, "")
+	wantCode(t, err, errcode.TooLarge, "")
 	if !strings.Contains(err.Error(), "room for the old and the new contents") {
 		t.Errorf("message: %v", err)
 	}
@@ -914,9 +915,9 @@ func TestMounts(t *testing.T) {
 	}
 	big := strings.Repeat("x", 128<<10)
 	_, err = w.WriteFile("big", strings.NewReader(big), int64(len(big)), false, 0o644)
-	wantCode(t, err, agentproto.CodeTooLarge, "big")
+	wantCode(t, err, errcode.TooLarge, "big")
 	_, err = w.WriteFile("big", strings.NewReader(big), int64(len(big)), true, 0o644)
-	wantCode(t, err, agentproto.CodeTooLarge, "big")
+	wantCode(t, err, errcode.TooLarge, "big")
 	if ents, _, _ := listAll(w, ".", true, 100); len(ents) != 0 {
 		t.Fatalf("a failed write left %q", paths(ents))
 	}
@@ -926,12 +927,12 @@ func TestMounts(t *testing.T) {
 			break
 		}
 	}
-	wantCode(t, ierr, agentproto.CodeTooLarge, "")
+	wantCode(t, ierr, errcode.TooLarge, "")
 	if err := unix.Mount("", small, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		t.Fatal(err)
 	}
 	_, err = w.WriteFile("ro", strings.NewReader("x"), 1, false, 0o644)
-	wantCode(t, err, agentproto.CodeReadOnly, "ro")
+	wantCode(t, err, errcode.ReadOnly, "ro")
 	if !strings.Contains(err.Error(), "read-only on this server") {
 		t.Errorf("message: %v", err)
 	}

@@ -10,8 +10,6 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
 )
 
 // User is the sandbox user: the identity every command runs as, and the
@@ -167,7 +165,7 @@ func startAs(cmd *exec.Cmd, u User, group uint32) error {
 	runtime.LockOSThread()
 	if err := setThreadCaps(launchCaps); err != nil {
 		runtime.UnlockOSThread()
-		return agentproto.Errorf(agentproto.CodeInternal, "cannot start commands as the sandbox user: raising CAP_SETUID and CAP_SETGID failed (%v); the agent must run as set up by DropPrivileges", err)
+		return fmt.Errorf("cannot start commands as the sandbox user: raising CAP_SETUID and CAP_SETGID failed (%v); the agent must run as set up by DropPrivileges", err)
 	}
 	err := cmd.Start()
 	// A thread whose capabilities could not be lowered again stays locked:

@@ -1,15 +1,15 @@
-package agent
+package workspace
 
 // Low-level, fd-relative file system primitives shared by the workspace
-// operations (workspace.go) and the tar snapshot and restore (archive.go).
-// Nothing in this file ever resolves a path string from the process's current
-// directory or from "/": every call takes a directory descriptor, and every
-// multi-component path goes through openat2 with resolveFlags.
+// operations (workspace.go) and the tar snapshot and restore (snapshot.go,
+// restore.go). Nothing in this file ever resolves a path string from the
+// process's current directory or from "/": every call takes a directory
+// descriptor, and every multi-component path goes through openat2 with
+// resolveFlags.
 
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"io"
 	"strconv"
 	"strings"
@@ -19,7 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 const (
@@ -113,14 +114,14 @@ func parsePath(op, rel string) (wsPath, error) {
 	p := wsPath{rel: rel}
 	switch {
 	case strings.IndexByte(rel, 0) >= 0:
-		return p, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return p, errcode.Errorf(errcode.InvalidArgument,
 			"%s %s: the path contains a NUL byte; remove it", op, quote(rel))
 	case len(rel) > maxPathLen:
-		return p, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return p, errcode.Errorf(errcode.InvalidArgument,
 			"%s %s: the path is %d bytes long, more than the %d allowed; use a shorter path",
 			op, quote(rel), len(rel), maxPathLen)
 	case strings.HasPrefix(rel, "/"):
-		return p, agentproto.Errorf(agentproto.CodeOutsideWorkspace,
+		return p, errcode.Errorf(errcode.OutsideWorkspace,
 			"%s %s: absolute paths are not accepted here; give the path relative to the workspace root (for example %s)",
 			op, quote(rel), quote(suggestRelative(rel)))
 	}
@@ -167,128 +168,6 @@ func (p wsPath) open() string {
 		s += "/"
 	}
 	return s
-}
-
-// quote renders a workspace path for a message: Go-quoted (control bytes and
-// invalid UTF-8 escaped), with the root shown as "." and a very long path
-// cut short.
-func quote(rel string) string {
-	if rel == "" {
-		rel = "."
-	}
-	return qname(rel)
-}
-
-// maxQuoted is how much of a name a message shows.
-const maxQuoted = 200
-
-// qname quotes a name (an archive entry name, or a path) for a message,
-// cutting it after maxQuoted bytes.
-func qname(s string) string {
-	if len(s) > maxQuoted {
-		return strconv.Quote(s[:maxQuoted]) + "…"
-	}
-	return strconv.Quote(s)
-}
-
-// errnoOf extracts the errno from err, if any.
-func errnoOf(err error) (unix.Errno, bool) {
-	var errno unix.Errno
-	ok := errors.As(err, &errno)
-	return errno, ok
-}
-
-// fsError maps a system call failure on the workspace path rel to the error
-// the model reads. An *agentproto.Error passes through unchanged. op is a
-// short verb phrase ("read", "write", "list", "cwd", …) that starts the
-// message.
-func fsError(op, rel string, err error) error {
-	var ae *agentproto.Error
-	if errors.As(err, &ae) {
-		return ae
-	}
-	q := quote(rel)
-	errno, ok := errnoOf(err)
-	if !ok {
-		return agentproto.Errorf(agentproto.CodeInternal, "%s %s: %v", op, q, err)
-	}
-	e := func(c agentproto.Code, msg string) error { return agentproto.Errorf(c, "%s %s: %s", op, q, msg) }
-	switch errno {
-	case unix.ENOENT:
-		return e(agentproto.CodeNotFound,
-			"no such file or directory in the workspace (it, or a directory on its path, is missing); list the parent directory to see what exists")
-	case unix.EXDEV:
-		return e(agentproto.CodeOutsideWorkspace,
-			`the path leads outside the workspace (through "..", an absolute symlink, a symlink that climbs out of the workspace, or a mount point); use a path that stays inside the workspace`)
-	case unix.ELOOP:
-		return e(agentproto.CodeInvalidArgument,
-			"too many levels of symbolic links (a symlink loop, or a link into /proc); use a path that does not go through that symlink")
-	case unix.EROFS:
-		return e(agentproto.CodeReadOnly,
-			"the workspace is read-only on this server; files can be read and listed but not changed")
-	case unix.ENOSPC, unix.EDQUOT:
-		return e(agentproto.CodeTooLarge,
-			"the workspace is full (out of space or inodes); delete files you no longer need, or write less")
-	case unix.EFBIG:
-		return e(agentproto.CodeTooLarge,
-			"the workspace is full: the file would exceed the largest size allowed; write less")
-	case unix.EISDIR:
-		return e(agentproto.CodeInvalidArgument,
-			"it is a directory, not a file; list it to see its entries, or give a file path")
-	case unix.ENOTDIR:
-		return e(agentproto.CodeInvalidArgument,
-			"a component of the path is not a directory; check the path with list")
-	case unix.ENAMETOOLONG:
-		return e(agentproto.CodeInvalidArgument,
-			"a name in the path is longer than 255 bytes, or the path is too long; use shorter names")
-	case unix.EACCES, unix.EPERM:
-		return e(agentproto.CodeInvalidArgument,
-			"permission denied by the mode of the file or of a directory on its path; change the mode first (for example chmod u+rwx through exec)")
-	case unix.ENXIO, unix.ENODEV:
-		return e(agentproto.CodeInvalidArgument,
-			"not a regular file (a named pipe, socket or device); only regular files can be read or written")
-	case unix.ETXTBSY:
-		return e(agentproto.CodeInvalidArgument,
-			"the file is a program that is running; wait until it exits, or write to another path")
-	case unix.EBUSY:
-		return e(agentproto.CodeBusy,
-			"it is in use by the system (a mount point, for example) and cannot be replaced or removed; leave it out")
-	case unix.EMFILE, unix.ENFILE, unix.ENOMEM, unix.EAGAIN:
-		return e(agentproto.CodeBusy,
-			"the sandbox is out of resources ("+errno.Error()+"); retry in a moment")
-	}
-	return e(agentproto.CodeInternal, "unexpected error "+unix.ErrnoName(errno)+" ("+errno.Error()+")")
-}
-
-// notRegular describes a file that is not a regular file, for ReadFile and
-// WriteFile.
-func notRegular(op, rel string, mode uint32) error {
-	if mode&unix.S_IFMT == unix.S_IFDIR {
-		return fsError(op, rel, unix.EISDIR)
-	}
-	return agentproto.Errorf(agentproto.CodeInvalidArgument,
-		"%s %s: it is %s, not a regular file; only regular files can be read or written", op, quote(rel), kindOf(mode))
-}
-
-// kindOf names a file type for messages.
-func kindOf(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return "a regular file"
-	case unix.S_IFDIR:
-		return "a directory"
-	case unix.S_IFLNK:
-		return "a symlink"
-	case unix.S_IFIFO:
-		return "a named pipe (FIFO)"
-	case unix.S_IFSOCK:
-		return "a socket"
-	case unix.S_IFCHR:
-		return "a character device"
-	case unix.S_IFBLK:
-		return "a block device"
-	}
-	return "a special file"
 }
 
 // typeOf is the agentproto entry type of a file mode.
@@ -472,7 +351,7 @@ func mkdirParents(base int, comps []string, resolve uint64, op, rel string) (int
 			fd, err = openBeneath(base, prefix, unix.O_PATH|unix.O_DIRECTORY, resolve)
 			if err == unix.ENOENT {
 				if st, serr := lstatAt(prev, name); serr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-					return -1, agentproto.Errorf(agentproto.CodeInvalidArgument,
+					return -1, errcode.Errorf(errcode.InvalidArgument,
 						"%s %s: the directory %s on its path is a symlink whose target does not exist; create the target directory first, or remove the symlink",
 						op, quote(rel), quote(prefix))
 				}

@@ -1,10 +1,9 @@
-package agent
+package workspace
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -14,7 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // secret is the canary content of the file outside the workspace.
@@ -43,7 +43,7 @@ func newEnv(t *testing.T) *env {
 	if err := os.WriteFile(filepath.Join(e.outside, "secret"), []byte(secret), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w, err := OpenWorkspace(e.dir)
+	w, err := Open(e.dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,19 +163,17 @@ func (e *env) checkOutside() {
 	}
 }
 
-// codeOf is the agentproto code of err, or "" when err is not an
-// *agentproto.Error.
-func codeOf(err error) agentproto.Code {
-	var ae *agentproto.Error
-	if errors.As(err, &ae) {
-		return ae.Code
+// codeOf is the code of err, or "" when err is not an *errcode.Error.
+func codeOf(err error) errcode.Code {
+	if e, ok := errcode.As(err); ok {
+		return e.Code
 	}
 	return ""
 }
 
 // wantCode fails unless err has the code (and, when the code is not "", is an
-// *agentproto.Error whose message names the path).
-func wantCode(t *testing.T, err error, code agentproto.Code, rel string) {
+// *errcode.Error whose message names the path).
+func wantCode(t *testing.T, err error, code errcode.Code, rel string) {
 	t.Helper()
 	if code == "" {
 		if err != nil {

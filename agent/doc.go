@@ -2,7 +2,11 @@
 // its main process (under the container's init). It carries out the server's
 // requests, received over the framed protocol of package agentproto on its
 // stdin and stdout: it runs commands, and it reads, writes, lists, archives
-// and restores files confined to the workspace.
+// and restores files confined to the workspace (package workspace does the
+// file operations).
+//
+// Only cmd/sandbox-agent links this package: the server talks to it over the
+// protocol alone, and it imports none of the server's packages.
 //
 // The agent starts as root with CAP_SETUID and CAP_SETGID only and at once
 // takes the sandbox user as its effective identity (DropPrivileges): its file

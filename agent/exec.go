@@ -16,7 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // lingerGrace is how long the agent keeps reading a command's output after
@@ -48,14 +49,14 @@ func cleanSearchPath(dirs []string, workspace string) []string {
 // Symlinks in the directory part are resolved; the last element is kept.
 func (s *server) resolve(name, cwd string) (string, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
-		return "", agentproto.Errorf(agentproto.CodeInvalidArgument, "argv[0] is empty or contains NUL")
+		return "", errcode.Errorf(errcode.InvalidArgument, "argv[0] is empty or contains NUL")
 	}
 	var candidates []string
 	if strings.Contains(name, "/") {
 		p := name
 		if !path.IsAbs(p) {
 			if path.IsAbs(cwd) || strings.HasPrefix(path.Clean(cwd), "..") {
-				return "", agentproto.Errorf(agentproto.CodeOutsideWorkspace, "cwd %q is outside the workspace", cwd)
+				return "", errcode.Errorf(errcode.OutsideWorkspace, "cwd %q is outside the workspace", cwd)
 			}
 			p = path.Join(s.opts.Workspace, cwd, name)
 		}
@@ -76,7 +77,7 @@ func (s *server) resolve(name, cwd string) (string, error) {
 		}
 		return path.Join(dir, path.Base(c)), nil
 	}
-	return "", agentproto.Errorf(agentproto.CodeNotFound,
+	return "", errcode.Errorf(errcode.NotFound,
 		"program %q was not found on the sandbox's PATH (%s); check the name, or give a path", name, strings.Join(s.path, ":"))
 }
 
@@ -95,7 +96,7 @@ func (s *server) exec(ctx context.Context, c *call, req agentproto.ExecRequest) 
 func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (agentproto.ExecResult, error) {
 	var res agentproto.ExecResult
 	if len(req.Argv) == 0 {
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument, "argv is empty")
+		return res, errcode.Errorf(errcode.InvalidArgument, "argv is empty")
 	}
 	prog := req.Path
 	if prog == "" {
@@ -120,7 +121,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 
 	group, err := s.groups.take()
 	if err != nil {
-		return res, agentproto.Errorf(agentproto.CodeBusy, "%v", err)
+		return res, errcode.Errorf(errcode.Busy, "%v", err)
 	}
 	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+1)
 	env = append(env, s.opts.Env...)
@@ -263,20 +264,20 @@ func (s *server) pump(id uint64, kind agentproto.Kind, r *os.File, max int64) in
 }
 
 func startError(name, prog string, err error) error {
-	var pe *agentproto.Error
+	var coded *errcode.Error
 	switch {
-	case errors.As(err, &pe):
-		return pe
+	case errors.As(err, &coded):
+		return coded
 	case errors.Is(err, os.ErrNotExist):
-		return agentproto.Errorf(agentproto.CodeNotFound, "program %q (%s) does not exist", name, prog)
+		return errcode.Errorf(errcode.NotFound, "program %q (%s) does not exist", name, prog)
 	case errors.Is(err, os.ErrPermission):
-		return agentproto.Errorf(agentproto.CodeInvalidArgument, "program %q (%s) is not executable: %v", name, prog, err)
+		return errcode.Errorf(errcode.InvalidArgument, "program %q (%s) is not executable: %v", name, prog, err)
 	case errors.Is(err, syscall.ENOEXEC):
-		return agentproto.Errorf(agentproto.CodeInvalidArgument, "program %q (%s) is not a valid executable (a script needs a #! line)", name, prog)
+		return errcode.Errorf(errcode.InvalidArgument, "program %q (%s) is not a valid executable (a script needs a #! line)", name, prog)
 	case errors.Is(err, syscall.EAGAIN):
-		return agentproto.Errorf(agentproto.CodeBusy, "the sandbox is at its process limit; wait for running commands to end, or end background processes")
+		return errcode.Errorf(errcode.Busy, "the sandbox is at its process limit; wait for running commands to end, or end background processes")
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENOENT):
-		return agentproto.Errorf(agentproto.CodeNotFound, "cannot start %q: %v", name, err)
+		return errcode.Errorf(errcode.NotFound, "cannot start %q: %v", name, err)
 	}
-	return agentproto.Errorf(agentproto.CodeInternal, "cannot start %q: %v", name, err)
+	return fmt.Errorf("cannot start %q: %v", name, err)
 }

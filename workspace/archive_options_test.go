@@ -1,4 +1,4 @@
-package agent
+package workspace
 
 import (
 	"archive/tar"
@@ -8,7 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 func TestSymlinkStaysInside(t *testing.T) {
@@ -60,7 +61,7 @@ func TestExtractOptions(t *testing.T) {
 	tw.Close()
 	extract := func(opt ExtractOptions) (string, agentproto.RestoreResult) {
 		dir := t.TempDir()
-		w, err := OpenWorkspace(dir)
+		w, err := Open(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +119,7 @@ func TestSnapshotOwnLinksOnly(t *testing.T) {
 	os.MkdirAll(filepath.Join(dir, "d"), 0o755)
 	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
 	os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "d", "b"))
-	w, err := OpenWorkspace(dir)
+	w, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestSnapshotOwnLinksOnly(t *testing.T) {
 	os.Link(filepath.Join(root, "secret"), filepath.Join(dir, "d", "c"))
 	os.Link(filepath.Join(root, "secret"), filepath.Join(dir, "e")) // two names inside, one outside
 	_, err = snap(SnapshotOptions{OwnLinksOnly: true})
-	if codeOf(err) != agentproto.CodeInvalidArgument || !strings.Contains(err.Error(), `"d/c" is a hard link to a file with 3 links, only 2 of them in the directory`) {
+	if codeOf(err) != errcode.InvalidArgument || !strings.Contains(err.Error(), `"d/c" is a hard link to a file with 3 links, only 2 of them in the directory`) {
 		t.Fatalf("a link from outside: %v", err)
 	}
 	if _, err := snap(SnapshotOptions{}); err != nil {

@@ -14,7 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
 // BuildVersion identifies this agent build in the hello frame and in logs.
@@ -40,7 +42,7 @@ type Options struct {
 // server is one protocol connection.
 type server struct {
 	opts   Options
-	ws     *Workspace
+	ws     *workspace.Workspace
 	log    *slog.Logger
 	path   []string
 	groups *groupPool
@@ -82,7 +84,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	if _, ok := readStatus(os.Getpid()); !ok {
 		log.Warn("agent: /proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
 	}
-	ws, err := OpenWorkspace(opts.Workspace)
+	ws, err := workspace.Open(opts.Workspace)
 	if err != nil {
 		return fmt.Errorf("agent: open workspace: %w", err)
 	}
@@ -197,15 +199,11 @@ func (s *server) send(id uint64, kind agentproto.Kind, body any, payload []byte)
 const maxErrorMessage = 4 << 10
 
 // sendError ends a request with an error frame. Errors that are not
-// *agentproto.Error become INTERNAL.
+// *errcode.Error go as INTERNAL (see agentproto.ErrorOf).
 func (s *server) sendError(id uint64, err error) {
-	var pe *agentproto.Error
-	if !errors.As(err, &pe) {
-		pe = agentproto.Errorf(agentproto.CodeInternal, "%v", err)
-	}
+	pe := agentproto.ErrorOf(err)
 	if len(pe.Message) > maxErrorMessage {
-		msg := strings.ToValidUTF8(pe.Message[:maxErrorMessage], "")
-		pe = &agentproto.Error{Code: pe.Code, Message: msg + "..."}
+		pe.Message = strings.ToValidUTF8(pe.Message[:maxErrorMessage], "") + "..."
 	}
 	if werr := s.send(id, agentproto.KindError, pe, nil); werr != nil {
 		s.log.Warn("agent: send error frame", "id", id, "err", werr)
@@ -295,7 +293,7 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 			s.finish(c.id, res, err)
 		})
 	default:
-		s.sendError(f.ID, agentproto.Errorf(agentproto.CodeInvalidArgument, "unknown request kind %q", f.Kind))
+		s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "unknown request kind %q", f.Kind))
 	}
 }
 
@@ -304,7 +302,7 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 // frames get an inbox for them. fn must send the terminal frame.
 func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func(context.Context, *call)) {
 	if err := f.Decode(req); err != nil {
-		s.sendError(f.ID, agentproto.Errorf(agentproto.CodeInvalidArgument, "%v", err))
+		s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "%v", err))
 		return
 	}
 	withInput := false
@@ -323,7 +321,7 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 	if _, dup := s.calls[f.ID]; dup {
 		s.mu.Unlock()
 		cancel()
-		s.sendError(f.ID, agentproto.Errorf(agentproto.CodeInvalidArgument, "request id %d is already in use", f.ID))
+		s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "request id %d is already in use", f.ID))
 		return
 	}
 	s.calls[f.ID] = c
@@ -354,7 +352,7 @@ func (s *server) finish(id uint64, res any, err error) {
 		s.log.Warn("agent: send result", "id", id, "err", err)
 		if errors.Is(err, agentproto.ErrNotSent) {
 			// The request still gets its terminal frame.
-			s.sendError(id, agentproto.Errorf(agentproto.CodeInternal, "the result could not be sent: %v", err))
+			s.sendError(id, fmt.Errorf("the result could not be sent: %v", err))
 		}
 	}
 }

@@ -69,20 +69,6 @@ func TestFrameLimits(t *testing.T) {
 	}
 }
 
-func TestCodes(t *testing.T) {
-	for _, c := range []Code{CodeInvalidArgument, CodeReadOnly, CodeOutsideWorkspace, CodeNotFound, CodeTooLarge, CodeTimeout, CodeBusy, CodeUnavailable, CodeInternal} {
-		if !c.Valid() {
-			t.Errorf("%s not valid", c)
-		}
-	}
-	if Code("POLICY_DENIED").Valid() || Code("ROOT").Valid() {
-		t.Error("the agent cannot claim a policy decision or an unknown code")
-	}
-	if e := Errorf(CodeNotFound, "%q missing", "x"); e.Error() != `NOT_FOUND: "x" missing` {
-		t.Fatal(e)
-	}
-}
-
 // TestWriterRefusesBeforeWriting: a frame over the limits is refused with
 // ErrNotSent and ErrFrameTooLarge before a byte is written, so the next
 // frame on the stream decodes.

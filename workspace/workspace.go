@@ -7,7 +7,7 @@
 // while an operation is in flight. A Workspace therefore never acts on a path
 // string that something else could change between a check and a use:
 //
-//   - OpenWorkspace opens the workspace directory once (O_PATH|O_DIRECTORY).
+//   - Open opens the workspace directory once (O_PATH|O_DIRECTORY).
 //     Every later system call is relative to that descriptor or to a
 //     descriptor derived from it.
 //   - Multi-component paths are resolved by the kernel with openat2 and
@@ -46,7 +46,7 @@
 //     back verbatim (rename the file through exec); error messages quote
 //     names Go-style (\xff).
 
-package agent
+package workspace
 
 import (
 	"bytes"
@@ -59,7 +59,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Workspace confines file operations to the tree under one directory. Safe
@@ -72,11 +73,12 @@ import (
 // alias). ".." is allowed while it stays inside ("sub/../ok.txt"). See the
 // comment at the top of this file for the confinement model and its limits.
 //
-// Every failure is an *agentproto.Error whose message names the path, says
-// what was wrong and what to do instead. The only exception is an error
-// returned by the caller's own reader, writer or callback (src, dst, emit):
-// it is returned unchanged, so the caller can recognise its own
-// cancellation.
+// Every failure the caller can act on is an *errcode.Error whose message
+// names the path, says what was wrong and what to do instead. A fault it
+// cannot act on (an unexpected errno, say) is an error of another type with
+// the same kind of message, and the agent sends it as INTERNAL. An error
+// returned by the caller's own reader, writer or callback (src, dst, emit)
+// is returned unchanged, so the caller can recognise its own cancellation.
 //
 // Names starting with ".sandbox-mcp-" are reserved for the agent's temporary
 // files (see WriteFile and Restore).
@@ -90,33 +92,32 @@ type Workspace struct {
 	restoreMu sync.Mutex
 }
 
-// OpenWorkspace opens dir once (O_PATH|O_DIRECTORY); all later operations are
+// Open opens dir once (O_PATH|O_DIRECTORY); all later operations are
 // relative to that descriptor, so renaming or replacing dir afterwards does
 // not move the workspace. It fails when openat2 is unavailable (Linux before
 // 5.6, or a seccomp profile that refuses it), since confinement depends on it.
-func OpenWorkspace(dir string) (*Workspace, error) {
+func Open(dir string) (*Workspace, error) {
 	if dir == "" {
-		return nil, agentproto.Errorf(agentproto.CodeInvalidArgument, "open workspace: no directory given")
+		return nil, errcode.Errorf(errcode.InvalidArgument, "open workspace: no directory given")
 	}
 	var fd int
 	var err error
 	for {
 		fd, err = unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != unix.EINTR {
+		if !errors.Is(err, unix.EINTR) {
 			break
 		}
 	}
 	if err != nil {
-		code := agentproto.CodeInternal
-		if err == unix.ENOENT {
-			code = agentproto.CodeNotFound
+		if errors.Is(err, unix.ENOENT) {
+			return nil, errcode.Errorf(errcode.NotFound, "open workspace %q: %v", dir, err)
 		}
-		return nil, agentproto.Errorf(code, "open workspace %q: %v", dir, err)
+		return nil, fault("open workspace %q: %v", dir, err)
 	}
 	probe, err := openBeneath(fd, ".", unix.O_PATH|unix.O_DIRECTORY, resolveFlags)
 	if err != nil {
 		closeFd(fd)
-		return nil, agentproto.Errorf(agentproto.CodeInternal,
+		return nil, fault(
 			"open workspace %q: openat2 failed (%v); the agent needs Linux 5.6 or later and a seccomp profile that allows openat2", dir, err)
 	}
 	closeFd(probe)
@@ -134,7 +135,7 @@ func (w *Workspace) Close() error {
 	err := unix.Close(w.fd)
 	w.fd = -1
 	if err != nil {
-		return agentproto.Errorf(agentproto.CodeInternal, "close workspace: %v", err)
+		return fault("close workspace: %v", err)
 	}
 	return nil
 }
@@ -151,7 +152,7 @@ func (w *Workspace) enter() (int, error) {
 }
 
 func errClosed() error {
-	return agentproto.Errorf(agentproto.CodeUnavailable, "the workspace is closed (the sandbox is shutting down); start a new session")
+	return errcode.Errorf(errcode.Unavailable, "the workspace is closed (the sandbox is shutting down); start a new session")
 }
 
 // ReadFile writes part of the regular file rel to dst, in Write calls of at
@@ -170,7 +171,7 @@ func (w *Workspace) ReadFile(rel string, offset, length, max int64, dst io.Write
 		return res, err
 	}
 	if offset < 0 || length < 0 || max < 0 {
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return res, errcode.Errorf(errcode.InvalidArgument,
 			"read %s: offset, length and max must not be negative (got %d, %d, %d)", quote(rel), offset, length, max)
 	}
 	root, err := w.enter()
@@ -197,7 +198,7 @@ func (w *Workspace) ReadFile(rel string, offset, length, max int64, dst io.Write
 	}
 	res.Size = st.Size
 	if offset > st.Size {
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return res, errcode.Errorf(errcode.InvalidArgument,
 			"read %s: offset %d is past the end of the file (%d bytes); use an offset of at most %d", quote(rel), offset, st.Size, st.Size)
 	}
 	want := st.Size - offset
@@ -281,13 +282,13 @@ func (w *Workspace) WriteFile(rel string, src io.Reader, size int64, append bool
 	}
 	switch {
 	case len(p.comps) == 0:
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return res, errcode.Errorf(errcode.InvalidArgument,
 			`%s %s: that is the workspace root directory; give a file path such as "notes.txt"`, op, quote(rel))
 	case p.dirOnly:
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return res, errcode.Errorf(errcode.InvalidArgument,
 			`%s %s: the path ends in "/", "." or "..", so it names a directory; give a file name, without a trailing "/"`, op, quote(rel))
 	case size < 0:
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument, "%s %s: negative size %d", op, quote(rel), size)
+		return res, errcode.Errorf(errcode.InvalidArgument, "%s %s: negative size %d", op, quote(rel), size)
 	}
 	perm := mode & 0o777
 	base := p.comps[len(p.comps)-1]
@@ -367,7 +368,7 @@ func copyExact(op, rel string, src io.Reader, size int64, write func([]byte) err
 		}
 		if err == io.EOF {
 			if got < size {
-				return agentproto.Errorf(agentproto.CodeInvalidArgument,
+				return errcode.Errorf(errcode.InvalidArgument,
 					"%s %s: the content ended after %d of the %d bytes announced; the file was not changed, send the whole content again", op, quote(rel), got, size)
 			}
 			return nil
@@ -380,7 +381,7 @@ func copyExact(op, rel string, src io.Reader, size int64, write func([]byte) err
 	for range 100 {
 		n, err := src.Read(buf[:1])
 		if n > 0 {
-			return agentproto.Errorf(agentproto.CodeInvalidArgument,
+			return errcode.Errorf(errcode.InvalidArgument,
 				"%s %s: more than the %d bytes announced arrived; the file was not changed, send the content with its exact size", op, quote(rel), size)
 		}
 		if err == io.EOF {
@@ -390,7 +391,7 @@ func copyExact(op, rel string, src io.Reader, size int64, write func([]byte) err
 			return dstError{err}
 		}
 	}
-	return agentproto.Errorf(agentproto.CodeInternal, "%s %s: the content stream returned no data and no end", op, quote(rel))
+	return fault("%s %s: the content stream returned no data and no end", op, quote(rel))
 }
 
 // unwrapDst returns a caller's error unchanged and maps the others.
@@ -431,7 +432,7 @@ func appendFile(dir int, base, op, rel string, src io.Reader, size int64, perm u
 	if err != nil {
 		if err == unix.ELOOP {
 			if st, serr := lstatAt(dir, base); serr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-				return res, agentproto.Errorf(agentproto.CodeInvalidArgument,
+				return res, errcode.Errorf(errcode.InvalidArgument,
 					"append to %s: it is a symlink; append to its target instead (list shows the target)", quote(rel))
 			}
 		}
@@ -577,7 +578,7 @@ func (w *Workspace) List(rel string, recursive bool, max int, emit func(agentpro
 		return res, err
 	}
 	if max < 0 {
-		return res, agentproto.Errorf(agentproto.CodeInvalidArgument, "list %s: max must not be negative (got %d)", quote(rel), max)
+		return res, errcode.Errorf(errcode.InvalidArgument, "list %s: max must not be negative (got %d)", quote(rel), max)
 	}
 	root, err := w.enter()
 	if err != nil {
@@ -742,7 +743,7 @@ func (w *Workspace) OpenDir(rel string) (*os.File, error) {
 	defer w.mu.RUnlock()
 	fd, err := openBeneath(root, p.open(), unix.O_PATH|unix.O_DIRECTORY, resolveFlags)
 	if err == unix.ENOTDIR {
-		return nil, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return nil, errcode.Errorf(errcode.InvalidArgument,
 			`cwd %s is not a directory; use a directory inside the workspace ("." for the root)`, quote(rel))
 	}
 	if err != nil {

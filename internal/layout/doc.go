@@ -1,0 +1,15 @@
+// Package layout holds no code. Its test checks, with `go list -deps`, the
+// import rules that keep the tree's trust boundary visible:
+//
+//   - The server does not link the in-container program: no package of the
+//     host side (cmd/sandbox-mcp, cmd/sandbox-bench, session, tools, policy,
+//     netproxy and everything they import) is or imports agent.
+//   - The agent links no host package: cmd/sandbox-agent imports, of this
+//     module, only agent and the packages both sides share (agentproto,
+//     workspace, internal/errcode), and of the rest only the standard
+//     library and golang.org/x/sys, so neither the Docker client nor the MCP
+//     SDK ends up inside a sandbox.
+//
+// Test files are left out: a test may run both ends of the protocol in one
+// process.
+package layout

@@ -1,0 +1,99 @@
+package layout
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/sandbox-mcp/sandbox-mcp"
+
+// hostRoots are the programs and packages of the server side.
+var hostRoots = []string{
+	module + "/cmd/sandbox-mcp",
+	module + "/cmd/sandbox-bench",
+	module + "/session/...",
+	module + "/tools/...",
+	module + "/policy/...",
+	module + "/netproxy/...",
+}
+
+// agentSide are the packages only the in-container program may link.
+var agentSide = []string{
+	module + "/agent",
+	module + "/cmd/sandbox-agent",
+}
+
+// shared are the packages of this module both sides may link.
+var shared = []string{
+	module + "/agentproto",
+	module + "/workspace",
+	module + "/internal/errcode",
+}
+
+// agentExternal are the only module prefixes outside this module and the
+// standard library that the agent may link.
+var agentExternal = []string{"golang.org/x/sys/"}
+
+// deps lists the packages the named packages build from (themselves
+// included), leaving out the standard library and test files, as they build
+// for the agent's target: Linux without cgo.
+func deps(t *testing.T, pkgs ...string) []string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("this test runs `go list -deps` and found no go command on PATH (%v): put the Go toolchain's bin directory on PATH", err)
+	}
+	args := append([]string{"list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}"}, pkgs...)
+	cmd := exec.Command(goTool, args...)
+	cmd.Env = append(os.Environ(), "GOOS=linux", "CGO_ENABLED=0")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	var list []string
+	for line := range strings.Lines(string(out)) {
+		if p := strings.TrimSpace(line); p != "" {
+			list = append(list, p)
+		}
+	}
+	if len(list) == 0 {
+		t.Fatalf("go %s listed no package", strings.Join(args, " "))
+	}
+	return list
+}
+
+func TestHostDoesNotLinkTheAgent(t *testing.T) {
+	for _, root := range hostRoots {
+		for _, p := range deps(t, root) {
+			if slices.Contains(agentSide, p) || strings.HasPrefix(p, module+"/agent/") {
+				t.Errorf("%s links %s, the in-container program: the server talks to the agent over agentproto only; move what it needs into a shared package (agentproto, workspace, internal/errcode)", root, p)
+			}
+		}
+	}
+}
+
+func TestAgentLinksNoHostPackage(t *testing.T) {
+	list := deps(t, agentSide...)
+	for _, want := range agentSide {
+		if !slices.Contains(list, want) {
+			t.Fatalf("go list -deps %v does not list %s itself: the rule would check nothing", agentSide, want)
+		}
+	}
+	for _, p := range list {
+		switch {
+		case slices.Contains(agentSide, p), slices.Contains(shared, p):
+		case p == module || strings.HasPrefix(p, module+"/"):
+			t.Errorf("the agent links %s, a package of the server side: the agent may import only %v of this module", p, shared)
+		case !slices.ContainsFunc(agentExternal, func(prefix string) bool { return strings.HasPrefix(p, prefix) }):
+			t.Errorf("the agent links %s: inside a sandbox it needs only the standard library and %v; keep the Docker client and the MCP SDK on the server side", p, agentExternal)
+		}
+	}
+}
