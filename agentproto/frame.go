@@ -114,6 +114,11 @@ func (f *Frame) Decode(v any) error {
 // ErrFrameTooLarge reports a frame whose sizes exceed the limits.
 var ErrFrameTooLarge = errors.New("agentproto: frame exceeds size limits")
 
+// ErrBadHeader reports a frame whose header is not a JSON object with a
+// kind. Like ErrFrameTooLarge from a Reader, it means the peer broke the
+// protocol.
+var ErrBadHeader = errors.New("agentproto: bad frame header")
+
 // ErrNotSent marks an error of Writer.Write that came before a byte was
 // written: a frame too large (ErrFrameTooLarge) or a body that does not
 // encode. The stream is intact; only the request the frame belonged to
@@ -187,8 +192,9 @@ func NewReader(r io.Reader) *Reader {
 
 // Read decodes the next frame. It returns io.EOF at a clean end of stream,
 // io.ErrUnexpectedEOF for a stream cut inside a frame, ErrFrameTooLarge for
-// oversized frames, and a descriptive error for a malformed header. After an
-// error the stream cannot be resynchronised and must be closed.
+// oversized frames (before reading or allocating their bytes), and an error
+// wrapping ErrBadHeader for a malformed header. After an error the stream
+// cannot be resynchronised and must be closed.
 func (r *Reader) Read() (Frame, error) {
 	var sizes [8]byte
 	if _, err := io.ReadFull(r.r, sizes[:]); err != nil {
@@ -208,10 +214,10 @@ func (r *Reader) Read() (Frame, error) {
 	}
 	var f Frame
 	if err := json.Unmarshal(buf[:hl], &f.Header); err != nil {
-		return Frame{}, fmt.Errorf("agentproto: bad frame header: %w", err)
+		return Frame{}, fmt.Errorf("%w: %w", ErrBadHeader, err)
 	}
 	if f.Kind == "" {
-		return Frame{}, errors.New("agentproto: frame header without kind")
+		return Frame{}, fmt.Errorf("%w: no kind", ErrBadHeader)
 	}
 	if pl > 0 {
 		f.Payload = buf[hl:]

@@ -478,9 +478,10 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, engineError("start the sandbox container", err)
 	}
 	log := m.log.With("sandbox", sandbox, "container", created.ID[:12])
-	c, err := newConn(ctx, att.Reader, att.Conn, att.Conn, m.opts.Lease, log)
+	frames, agentLog := demuxAttach(att.Reader, log)
+	c, err := newConn(ctx, frames, att.Conn, att.Conn, m.opts.Lease, log)
 	if err != nil {
-		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v", err)
+		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, agentLog.tail())
 	}
 	inst.conn = c
 	if m.opts.Policy.NeedsResolve() {
