@@ -9,9 +9,36 @@ import (
 	"io"
 )
 
-// Version is the protocol version spoken by this package. See the package
-// documentation for what changes it.
-const Version = 1
+// Version is the protocol version spoken by this package. The server
+// refuses an agent whose hello names another. It changes when a frame's
+// meaning changes in a way a peer of the previous version would misread;
+// adding an optional body field that both sides may ignore does not change
+// it. Every message's JSON is pinned in testdata/, so such a change shows in
+// review.
+//
+// The server builds the runtime image from the agent binary next to it
+// (--agent-bin) and tags it by that binary's digest, so the two ends normally
+// come from one build; the version catches an agent from another build.
+//
+// History of versions:
+//
+//   - 1 (2026-11-29): frames of a 4-byte header length, a 4-byte payload
+//     length, a JSON header {"id", "k", "b"} and a payload; at most 64 KiB of
+//     header and 1 MiB of payload either way. Hello, lease, ping and pong;
+//     exec, read, write, list, resolve, snapshot, restore; data, eof,
+//     cancel; stdout, stderr, exit, result, error.
+//   - 2 (2026-11-30): requests from the server may carry up to
+//     MaxRequestHeader (1 MiB) of header, so that the largest exec the
+//     policy allows fits once escaped; a version 1 agent reads at most
+//     64 KiB and would end the sandbox on such a request. The agent's frames
+//     keep MaxHeader (64 KiB). The hello carries the agent's ids (uids, gids,
+//     command_uid, command_gid, command_groups), which a version 1 agent
+//     does not send: the server would log zeros, root, as its ids. The
+//     agent answers a result it cannot send with an error frame, so every
+//     request gets its terminal frame. The error frame's codes are
+//     internal/errcode's, with INTERNAL for faults (the same strings as
+//     before).
+const Version = 2
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
