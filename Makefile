@@ -3,7 +3,7 @@
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X main.version=$(VERSION)
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X github.com/sandbox-mcp/sandbox-mcp/agent.version=$(VERSION)
 # Flags for `make run`; e.g. make run ARGS="--exec=allowlist --allow-cmd=ls,cat"
 ARGS      ?=
 

@@ -19,9 +19,6 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
-// BuildVersion identifies this agent build in the hello frame and in logs.
-const BuildVersion = "sandbox-agent/1"
-
 // Options configure Serve.
 type Options struct {
 	// Workspace is the directory file operations are confined to.
@@ -104,7 +101,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	r, e, sv := unix.Getresuid()
 	rg, eg, sg := unix.Getresgid()
 	if err := s.send(0, agentproto.KindHello, agentproto.Hello{
-		Version: agentproto.Version, Agent: BuildVersion, PID: os.Getpid(), UID: e, Workspace: opts.Workspace,
+		Version: agentproto.Version, Agent: "sandbox-agent " + Version(), PID: os.Getpid(), UID: e, Workspace: opts.Workspace,
 		UIDs: [3]int{r, e, sv}, GIDs: [3]int{rg, eg, sg},
 		CommandUID: opts.User.UID, CommandGID: opts.User.GID,
 		CommandGroups: [2]uint32{groups.first, groups.count},

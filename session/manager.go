@@ -500,7 +500,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
-	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent_pid", c.hello.PID,
+	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
 		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
 	return inst, nil
 }
