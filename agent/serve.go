@@ -64,8 +64,13 @@ type call struct {
 	in *inbox
 }
 
+// ErrLeaseExpired is why Serve ends when no frame came from the server for
+// the lease the server gave.
+var ErrLeaseExpired = errors.New("the server was silent for longer than its lease")
+
 // Serve runs the protocol on in and out until in reaches EOF, the lease runs
-// out, or ctx ends. It returns nil on a clean EOF.
+// out (an error wrapping ErrLeaseExpired), or ctx ends. It returns nil on a
+// clean EOF.
 func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -109,8 +114,8 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		return fmt.Errorf("agent: send hello: %w", err)
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	go s.watchLease(ctx, cancel)
 
 	frames := make(chan agentproto.Frame)
@@ -127,7 +132,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 			select {
 			case frames <- f:
 			case <-ctx.Done():
-				readErr <- ctx.Err()
+				readErr <- context.Cause(ctx)
 				return
 			}
 		}
@@ -153,7 +158,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 }
 
 // watchLease ends the agent when the server has been silent for the lease.
-func (s *server) watchLease(ctx context.Context, cancel context.CancelFunc) {
+func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -164,7 +169,7 @@ func (s *server) watchLease(ctx context.Context, cancel context.CancelFunc) {
 			ttl := s.leaseTTL.Load()
 			if ttl > 0 && now.UnixNano()-s.lastFrame.Load() > ttl {
 				s.log.Warn("agent: lease expired; ending the sandbox", "ttl", time.Duration(ttl))
-				cancel()
+				cancel(fmt.Errorf("%w (%s)", ErrLeaseExpired, time.Duration(ttl)))
 				return
 			}
 		}
