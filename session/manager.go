@@ -37,6 +37,9 @@ const (
 	// orphanGrace is how old a created-but-never-started container must be
 	// before the sweep takes it for orphaned (its server may be starting it).
 	orphanGrace = 2 * time.Minute
+	// removalWait is how long a new sandbox waits for the removal of an
+	// ended session's container when the cap is reached.
+	removalWait = 30 * time.Second
 )
 
 // Options configure a Manager.
@@ -126,6 +129,10 @@ type Manager struct {
 	// removals counts ReleaseSoon's removals still under way; Add happens
 	// under mu while the manager is open, so Close can wait for them.
 	removals sync.WaitGroup
+	// removing counts those removals; removed is closed (and replaced)
+	// whenever one ends, for a new sandbox waiting for room. Both under mu.
+	removing int
+	removed  chan struct{}
 
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
@@ -219,19 +226,20 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
-		opts:   opts,
-		cli:    opts.Client,
-		log:    log.With("instance", opts.Instance),
-		image:  img,
-		snaps:  snaps,
-		seed:   sd,
-		pool:   newPool(opts.Warm),
-		proxy:  proxy,
-		fw:     fw,
-		ctx:    mctx,
-		cancel: cancel,
-		byKey:  make(map[string]*Sandbox),
-		byID:   make(map[string]*Sandbox),
+		opts:    opts,
+		cli:     opts.Client,
+		log:     log.With("instance", opts.Instance),
+		image:   img,
+		snaps:   snaps,
+		seed:    sd,
+		pool:    newPool(opts.Warm),
+		proxy:   proxy,
+		fw:      fw,
+		ctx:     mctx,
+		cancel:  cancel,
+		removed: make(chan struct{}),
+		byKey:   make(map[string]*Sandbox),
+		byID:    make(map[string]*Sandbox),
 	}
 	if _, err := m.Sweep(ctx); err != nil {
 		m.log.Warn("session: sweep of leftovers failed", "err", err)
@@ -272,8 +280,35 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 	if s := m.byKey[key]; s != nil {
 		return s, nil
 	}
-	if max := m.opts.MaxSandboxes; max > 0 && len(m.byID) >= max {
-		return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
+	// A sandbox whose session ended still counts until its container is
+	// gone; wait a little for such removals rather than refuse.
+	for wait := time.NewTimer(removalWait); ; {
+		max := m.opts.MaxSandboxes
+		if max <= 0 || len(m.byID) < max {
+			wait.Stop()
+			break
+		}
+		if m.removing == 0 {
+			wait.Stop()
+			return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
+		}
+		removed := m.removed
+		m.mu.Unlock()
+		select {
+		case <-removed:
+		case <-wait.C:
+			m.mu.Lock()
+			return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions), and the ones being removed took longer than %s; try again shortly", max, removalWait)
+		}
+		m.mu.Lock()
+		if m.closed {
+			wait.Stop()
+			return nil, errcode.Errorf(errcode.Unavailable, "the server is shutting down")
+		}
+		if s := m.byKey[key]; s != nil {
+			wait.Stop()
+			return s, nil
+		}
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &Sandbox{
@@ -338,6 +373,7 @@ func (m *Manager) ReleaseSoon(key string) bool {
 	go func() {
 		defer m.removals.Done()
 		m.remove(s)
+		m.removedSoon()
 	}()
 	return true
 }
@@ -352,6 +388,7 @@ func (m *Manager) detach(key string, soon bool) (s *Sandbox, later bool) {
 	delete(m.byKey, key)
 	if s != nil && soon && !m.closed {
 		m.removals.Add(1)
+		m.removing++
 		later = true
 	}
 	return s, later
@@ -364,6 +401,15 @@ func (m *Manager) remove(s *Sandbox) {
 	delete(m.byID, s.id)
 	m.mu.Unlock()
 	m.pool.poke() // room for another warm container
+}
+
+// removedSoon notes the end of one of ReleaseSoon's removals.
+func (m *Manager) removedSoon() {
+	m.mu.Lock()
+	m.removing--
+	close(m.removed)
+	m.removed = make(chan struct{})
+	m.mu.Unlock()
 }
 
 // Close removes every sandbox (waiting for removals already under way) and
