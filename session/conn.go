@@ -18,11 +18,12 @@ import (
 // connection ends when one is seen.
 var errProtocol = errors.New("agent broke the protocol")
 
-// conn is the server's end of the protocol with one sandbox's agent, over
-// the container's attach stream. Everything read from it is untrusted.
+// conn is the server's end of the protocol with one sandbox's agent, over a
+// stream of frames (for a container, its attach stream as demuxAttach
+// splits it). Everything read from it is untrusted.
 type conn struct {
 	log   *slog.Logger
-	raw   io.Closer // the attach stream; closing it ends the agent
+	raw   io.Closer // the stream; closing it ends the agent
 	hello agentproto.Hello
 
 	wmu sync.Mutex
