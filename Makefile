@@ -3,7 +3,7 @@
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X main.version=$(VERSION)
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X github.com/sandbox-mcp/sandbox-mcp/agent.version=$(VERSION)
 # Flags for `make run`; e.g. make run ARGS="--exec=allowlist --allow-cmd=ls,cat"
 ARGS      ?=
 
@@ -44,6 +44,7 @@ doctor: build ## check the engine, the image and the agent
 .PHONY: test
 test: setup image testimage ## run every test (unit, integration on the real engine, end to end) with -race
 	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) -C cmd/sandbox-bench/plot test -count=1 ./...
 
 .PHONY: bench
 bench: setup image build ## measure against baselines in one run (a few minutes); writes docs/bench/
@@ -54,6 +55,8 @@ lint: ## gofmt, go vet, go mod tidy
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "run gofmt -w" >&2; exit 1; }
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
+	$(GO) -C cmd/sandbox-bench/plot vet ./...
+	$(GO) -C cmd/sandbox-bench/plot mod tidy -diff
 
 .PHONY: check
 check: lint test ## lint, then every test

@@ -19,9 +19,6 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/workspace"
 )
 
-// BuildVersion identifies this agent build in the hello frame and in logs.
-const BuildVersion = "sandbox-agent/1"
-
 // Options configure Serve.
 type Options struct {
 	// Workspace is the directory file operations are confined to.
@@ -67,8 +64,13 @@ type call struct {
 	in *inbox
 }
 
+// ErrLeaseExpired is why Serve ends when no frame came from the server for
+// the lease the server gave.
+var ErrLeaseExpired = errors.New("the server was silent for longer than its lease")
+
 // Serve runs the protocol on in and out until in reaches EOF, the lease runs
-// out, or ctx ends. It returns nil on a clean EOF.
+// out (an error wrapping ErrLeaseExpired), or ctx ends. It returns nil on a
+// clean EOF.
 func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -104,7 +106,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	r, e, sv := unix.Getresuid()
 	rg, eg, sg := unix.Getresgid()
 	if err := s.send(0, agentproto.KindHello, agentproto.Hello{
-		Version: agentproto.Version, Agent: BuildVersion, PID: os.Getpid(), UID: e, Workspace: opts.Workspace,
+		Version: agentproto.Version, Agent: "sandbox-agent " + Version(), PID: os.Getpid(), UID: e, Workspace: opts.Workspace,
 		UIDs: [3]int{r, e, sv}, GIDs: [3]int{rg, eg, sg},
 		CommandUID: opts.User.UID, CommandGID: opts.User.GID,
 		CommandGroups: [2]uint32{groups.first, groups.count},
@@ -112,8 +114,8 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		return fmt.Errorf("agent: send hello: %w", err)
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	go s.watchLease(ctx, cancel)
 
 	frames := make(chan agentproto.Frame)
@@ -130,7 +132,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 			select {
 			case frames <- f:
 			case <-ctx.Done():
-				readErr <- ctx.Err()
+				readErr <- context.Cause(ctx)
 				return
 			}
 		}
@@ -156,7 +158,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 }
 
 // watchLease ends the agent when the server has been silent for the lease.
-func (s *server) watchLease(ctx context.Context, cancel context.CancelFunc) {
+func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -167,7 +169,7 @@ func (s *server) watchLease(ctx context.Context, cancel context.CancelFunc) {
 			ttl := s.leaseTTL.Load()
 			if ttl > 0 && now.UnixNano()-s.lastFrame.Load() > ttl {
 				s.log.Warn("agent: lease expired; ending the sandbox", "ttl", time.Duration(ttl))
-				cancel()
+				cancel(fmt.Errorf("%w (%s)", ErrLeaseExpired, time.Duration(ttl)))
 				return
 			}
 		}

@@ -56,6 +56,8 @@
 //
 // # Versioning
 //
-// Version changes whenever a frame's meaning changes incompatibly. Adding an
-// optional body field does not change it; both sides ignore unknown fields.
+// Version changes whenever a frame's meaning changes in a way a peer of the
+// previous version would misread; its history is written beside it. Adding
+// an optional body field does not change it: both sides ignore unknown
+// fields. The JSON of every message is pinned in testdata/*.golden.json.
 package agentproto

@@ -9,9 +9,36 @@ import (
 	"io"
 )
 
-// Version is the protocol version spoken by this package. See the package
-// documentation for what changes it.
-const Version = 1
+// Version is the protocol version spoken by this package. The server
+// refuses an agent whose hello names another. It changes when a frame's
+// meaning changes in a way a peer of the previous version would misread;
+// adding an optional body field that both sides may ignore does not change
+// it. Every message's JSON is pinned in testdata/, so such a change shows in
+// review.
+//
+// The server builds the runtime image from the agent binary next to it
+// (--agent-bin) and tags it by that binary's digest, so the two ends normally
+// come from one build; the version catches an agent from another build.
+//
+// History of versions:
+//
+//   - 1 (2026-11-29): frames of a 4-byte header length, a 4-byte payload
+//     length, a JSON header {"id", "k", "b"} and a payload; at most 64 KiB of
+//     header and 1 MiB of payload either way. Hello, lease, ping and pong;
+//     exec, read, write, list, resolve, snapshot, restore; data, eof,
+//     cancel; stdout, stderr, exit, result, error.
+//   - 2 (2026-11-30): requests from the server may carry up to
+//     MaxRequestHeader (1 MiB) of header, so that the largest exec the
+//     policy allows fits once escaped; a version 1 agent reads at most
+//     64 KiB and would end the sandbox on such a request. The agent's frames
+//     keep MaxHeader (64 KiB). The hello carries the agent's ids (uids, gids,
+//     command_uid, command_gid, command_groups), which a version 1 agent
+//     does not send: the server would log zeros, root, as its ids. The
+//     agent answers a result it cannot send with an error frame, so every
+//     request gets its terminal frame. The error frame's codes are
+//     internal/errcode's, with INTERNAL for faults (the same strings as
+//     before).
+const Version = 2
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
@@ -114,6 +141,11 @@ func (f *Frame) Decode(v any) error {
 // ErrFrameTooLarge reports a frame whose sizes exceed the limits.
 var ErrFrameTooLarge = errors.New("agentproto: frame exceeds size limits")
 
+// ErrBadHeader reports a frame whose header is not a JSON object with a
+// kind. Like ErrFrameTooLarge from a Reader, it means the peer broke the
+// protocol.
+var ErrBadHeader = errors.New("agentproto: bad frame header")
+
 // ErrNotSent marks an error of Writer.Write that came before a byte was
 // written: a frame too large (ErrFrameTooLarge) or a body that does not
 // encode. The stream is intact; only the request the frame belonged to
@@ -187,8 +219,9 @@ func NewReader(r io.Reader) *Reader {
 
 // Read decodes the next frame. It returns io.EOF at a clean end of stream,
 // io.ErrUnexpectedEOF for a stream cut inside a frame, ErrFrameTooLarge for
-// oversized frames, and a descriptive error for a malformed header. After an
-// error the stream cannot be resynchronised and must be closed.
+// oversized frames (before reading or allocating their bytes), and an error
+// wrapping ErrBadHeader for a malformed header. After an error the stream
+// cannot be resynchronised and must be closed.
 func (r *Reader) Read() (Frame, error) {
 	var sizes [8]byte
 	if _, err := io.ReadFull(r.r, sizes[:]); err != nil {
@@ -208,10 +241,10 @@ func (r *Reader) Read() (Frame, error) {
 	}
 	var f Frame
 	if err := json.Unmarshal(buf[:hl], &f.Header); err != nil {
-		return Frame{}, fmt.Errorf("agentproto: bad frame header: %w", err)
+		return Frame{}, fmt.Errorf("%w: %w", ErrBadHeader, err)
 	}
 	if f.Kind == "" {
-		return Frame{}, errors.New("agentproto: frame header without kind")
+		return Frame{}, fmt.Errorf("%w: no kind", ErrBadHeader)
 	}
 	if pl > 0 {
 		f.Payload = buf[hl:]

@@ -60,7 +60,7 @@ func TestFrameLimits(t *testing.T) {
 		"empty header":      {frame(0, 0, ""), "size limits"},
 		"cut inside":        {frame(20, 0, `{"id":1`), "unexpected EOF"},
 		"not json":          {frame(3, 0, "abc"), "bad frame header"},
-		"no kind":           {frame(8, 0, `{"id":1}`), "without kind"},
+		"no kind":           {frame(8, 0, `{"id":1}`), "bad frame header: no kind"},
 	} {
 		_, err := tc.r.Read()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/moby/moby/api/pkg/stdcopy"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
@@ -21,11 +18,12 @@ import (
 // connection ends when one is seen.
 var errProtocol = errors.New("agent broke the protocol")
 
-// conn is the server's end of the protocol with one sandbox's agent, over
-// the container's attach stream. Everything read from it is untrusted.
+// conn is the server's end of the protocol with one sandbox's agent, over a
+// stream of frames (for a container, its attach stream as demuxAttach
+// splits it). Everything read from it is untrusted.
 type conn struct {
 	log   *slog.Logger
-	raw   io.Closer // the attach stream; closing it ends the agent
+	raw   io.Closer // the stream; closing it ends the agent
 	hello agentproto.Hello
 
 	wmu sync.Mutex
@@ -53,19 +51,11 @@ var agentKinds = map[agentproto.Kind]bool{
 	agentproto.KindError: true,
 }
 
-// newConn takes over an attach stream (multiplexed stdout and stderr in r,
-// stdin in w), waits for the agent's hello and sends the lease.
+// newConn takes over the agent's stream: r carries the agent's frames and
+// nothing else, w takes the server's frames, and closing raw ends both (and
+// with them the agent). It waits until ctx ends for the agent's hello, checks
+// it, and sends the lease. On any failure raw is closed.
 func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, log *slog.Logger) (*conn, error) {
-	pr, pw := io.Pipe()
-	stderr := &lineLogger{log: log}
-	go func() {
-		_, err := stdcopy.StdCopy(pw, stderr, r)
-		if err == nil {
-			err = io.EOF
-		}
-		pw.CloseWithError(err)
-		stderr.flush()
-	}()
 	c := &conn{
 		log:   log,
 		raw:   raw,
@@ -74,7 +64,7 @@ func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease
 		dead:  make(chan struct{}),
 	}
 	c.w.MaxHeader = agentproto.MaxRequestHeader
-	reader := agentproto.NewReader(pr)
+	reader := agentproto.NewReader(r)
 
 	type helloOrErr struct {
 		f   agentproto.Frame
@@ -85,27 +75,16 @@ func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease
 		f, err := reader.Read()
 		first <- helloOrErr{f, err}
 	}()
+	var h helloOrErr
 	select {
 	case <-ctx.Done():
 		raw.Close()
 		return nil, fmt.Errorf("waiting for the agent's hello: %w", context.Cause(ctx))
-	case h := <-first:
-		if h.err != nil {
-			raw.Close()
-			return nil, fmt.Errorf("waiting for the agent's hello: %w (agent output: %s)", h.err, stderr.tail())
-		}
-		if h.f.Kind != agentproto.KindHello || h.f.ID != 0 {
-			raw.Close()
-			return nil, fmt.Errorf("%w: first frame is %q, not hello", errProtocol, h.f.Kind)
-		}
-		if err := h.f.Decode(&c.hello); err != nil {
-			raw.Close()
-			return nil, fmt.Errorf("%w: %v", errProtocol, err)
-		}
-		if c.hello.Version != agentproto.Version {
-			raw.Close()
-			return nil, fmt.Errorf("agent speaks protocol %d, this server speaks %d: rebuild the runtime image with a matching agent", c.hello.Version, agentproto.Version)
-		}
+	case h = <-first:
+	}
+	if err := c.checkHello(h.f, h.err); err != nil {
+		raw.Close()
+		return nil, err
 	}
 	if err := c.send(0, agentproto.KindLease, agentproto.Lease{TTLMillis: lease.Milliseconds()}, nil); err != nil {
 		raw.Close()
@@ -115,16 +94,46 @@ func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease
 	return c, nil
 }
 
+// checkHello accepts the agent's first frame (or the error reading it) if it
+// is a hello on id 0 in this server's protocol version, and keeps its body.
+func (c *conn) checkHello(f agentproto.Frame, err error) error {
+	switch {
+	case errors.Is(err, io.EOF):
+		return errors.New("waiting for the agent's hello: the agent's stream ended")
+	case err != nil:
+		return fmt.Errorf("waiting for the agent's hello: %w", err)
+	case f.Kind != agentproto.KindHello:
+		return fmt.Errorf("%w: the first frame is %q, not hello", errProtocol, f.Kind)
+	case f.ID != 0:
+		return fmt.Errorf("%w: the hello came on request id %d, not 0", errProtocol, f.ID)
+	}
+	if err := f.Decode(&c.hello); err != nil {
+		return fmt.Errorf("%w: %v", errProtocol, err)
+	}
+	if c.hello.Version != agentproto.Version {
+		return fmt.Errorf("the agent speaks protocol %d, this server speaks %d: rebuild the runtime image with a matching agent (the server builds it from --agent-bin)",
+			c.hello.Version, agentproto.Version)
+	}
+	return nil
+}
+
 // readLoop routes the agent's frames to the requests waiting for them.
 func (c *conn) readLoop(r *agentproto.Reader) {
 	for {
 		f, err := r.Read()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				c.fail(errors.New("the agent's stream ended"))
-			} else {
-				c.fail(fmt.Errorf("reading from the agent: %w", err))
-			}
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF):
+			c.fail(errors.New("the agent's stream ended"))
+			return
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			c.fail(errors.New("the agent's stream ended inside a frame"))
+			return
+		case errors.Is(err, agentproto.ErrFrameTooLarge), errors.Is(err, agentproto.ErrBadHeader):
+			c.fail(fmt.Errorf("%w: %w", errProtocol, err))
+			return
+		default:
+			c.fail(fmt.Errorf("reading from the agent: %w", err))
 			return
 		}
 		if !agentKinds[f.Kind] {
@@ -132,10 +141,14 @@ func (c *conn) readLoop(r *agentproto.Reader) {
 			return
 		}
 		c.mu.Lock()
-		p := c.calls[f.ID]
+		p, asked := c.calls[f.ID], f.ID != 0 && f.ID <= c.nextID
 		c.mu.Unlock()
+		if !asked {
+			c.fail(fmt.Errorf("%w: a %q frame for request %d, which the server never sent", errProtocol, f.Kind, f.ID))
+			return
+		}
 		if p == nil {
-			continue // a request that already ended
+			continue // a request that already ended: late output is dropped
 		}
 		select {
 		case p.frames <- f:
@@ -248,7 +261,9 @@ func (c *conn) next(ctx context.Context, p *pending) (agentproto.Frame, error) {
 	}
 }
 
-// ping checks that the agent answers within ctx.
+// ping checks that the agent answers within ctx. An answer other than pong
+// ends the connection; an agent that does not answer in time is the
+// caller's to judge (the error is ctx's).
 func (c *conn) ping(ctx context.Context) error {
 	p, err := c.open(agentproto.KindPing, nil)
 	if err != nil {
@@ -260,73 +275,8 @@ func (c *conn) ping(ctx context.Context) error {
 		return err
 	}
 	if f.Kind != agentproto.KindPong {
-		return fmt.Errorf("%w: %q in answer to ping", errProtocol, f.Kind)
+		c.fail(fmt.Errorf("%w: %q frame in answer to ping", errProtocol, f.Kind))
+		return c.err()
 	}
 	return nil
-}
-
-// lineLogger logs the agent's stderr line by line, bounded, and keeps the
-// last lines for error messages.
-type lineLogger struct {
-	log  *slog.Logger
-	mu   sync.Mutex
-	buf  []byte
-	last []string
-}
-
-const (
-	maxStderrLine   = 512
-	keptStderrLines = 8
-)
-
-func (l *lineLogger) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, b := range p {
-		if b == '\n' || len(l.buf) >= maxStderrLine {
-			l.emit()
-			if b == '\n' {
-				continue
-			}
-		}
-		l.buf = append(l.buf, b)
-	}
-	return len(p), nil
-}
-
-func (l *lineLogger) emit() {
-	if len(l.buf) == 0 {
-		return
-	}
-	line := string(l.buf)
-	l.buf = l.buf[:0]
-	l.log.Debug("agent", "line", line)
-	l.last = append(l.last, line)
-	if len(l.last) > keptStderrLines {
-		l.last = l.last[1:]
-	}
-}
-
-func (l *lineLogger) flush() {
-	l.mu.Lock()
-	l.emit()
-	l.mu.Unlock()
-}
-
-// tail returns the last lines the agent wrote to stderr.
-func (l *lineLogger) tail() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.emit()
-	if len(l.last) == 0 {
-		return "none"
-	}
-	out := ""
-	for i, s := range l.last {
-		if i > 0 {
-			out += " | "
-		}
-		out += s
-	}
-	return out
 }

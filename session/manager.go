@@ -524,9 +524,10 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, engineError("start the sandbox container", err)
 	}
 	log := m.log.With("sandbox", sandbox, "container", created.ID[:12])
-	c, err := newConn(ctx, att.Reader, att.Conn, att.Conn, m.opts.Lease, log)
+	frames, agentLog := demuxAttach(att.Reader, log)
+	c, err := newConn(ctx, frames, att.Conn, att.Conn, m.opts.Lease, log)
 	if err != nil {
-		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v", err)
+		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, agentLog.tail())
 	}
 	inst.conn = c
 	if m.opts.Policy.NeedsResolve() {
@@ -545,7 +546,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
-	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent_pid", c.hello.PID,
+	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
 		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
 	return inst, nil
 }

@@ -107,11 +107,15 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			if f.Kind == agentproto.KindStderr {
 				buf, name = &stderr, "stderr"
 			}
-			room := req.MaxOutput - int64(buf.Len())
-			chunk := f.Payload[:min(int64(len(f.Payload)), max(room, 0))]
-			buf.Write(chunk)
-			if req.OnOutput != nil && len(chunk) > 0 {
-				req.OnOutput(name, chunk)
+			// The agent sends at most MaxOutput bytes per stream and drops
+			// the rest itself.
+			if int64(buf.Len()+len(f.Payload)) > req.MaxOutput {
+				c.fail(fmt.Errorf("%w: more than the %d bytes of %s asked for", errProtocol, req.MaxOutput, name))
+				return res, unavailable(c.err())
+			}
+			buf.Write(f.Payload)
+			if req.OnOutput != nil && len(f.Payload) > 0 {
+				req.OnOutput(name, f.Payload)
 			}
 		case agentproto.KindExit:
 			var r agentproto.ExecResult

@@ -18,11 +18,12 @@ import (
 	"syscall"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agent"
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println(agent.BuildVersion)
+		fmt.Printf("sandbox-agent %s (protocol %d)\n", agent.Version(), agentproto.Version)
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == ProbeIOURing {

@@ -4,6 +4,10 @@
 //
 //	go run ./cmd/sandbox-bench -bin bin -out docs/bench    (make bench)
 //
+// The plot is drawn by the module in cmd/sandbox-bench/plot, which it runs
+// with the go command: the plotting library stays out of the server's
+// go.mod.
+//
 // Every measure is repeated and reported as a median (and p99 where it
 // matters) with its ratio to a baseline measured in the same run: these
 // machines are shared and noisy, so absolute times drift but ratios hold.
@@ -17,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -31,6 +36,7 @@ func main() {
 	out := flag.String("out", "docs/bench", "`dir`ectory for results.json, results.md and latency.png")
 	scale := flag.Float64("scale", 1, "multiply every repetition count by this (0.2 for a quick look)")
 	readme := flag.String("readme", "", "`file` whose block between the bench markers gets the new table (README.md)")
+	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -39,7 +45,7 @@ func main() {
 		log.Error("bench failed", "err", err)
 		os.Exit(1)
 	}
-	if err := b.write(*out); err != nil {
+	if err := b.write(*out, *plotDir); err != nil {
 		log.Error("writing results", "err", err)
 		os.Exit(1)
 	}
@@ -136,7 +142,9 @@ func machine(img string) Machine {
 	return m
 }
 
-func (b *bench) write(dir string) error {
+// write writes results.json and results.md into dir, then has the plotting
+// module in plotDir draw latency.png from results.json.
+func (b *bench) write(dir, plotDir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -150,7 +158,22 @@ func (b *bench) write(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.markdown()), 0o644); err != nil {
 		return err
 	}
-	return plotLatency(b.Series, filepath.Join(dir, "latency.png"))
+	if plotDir == "" {
+		return nil
+	}
+	in, err := filepath.Abs(filepath.Join(dir, "results.json"))
+	if err != nil {
+		return err
+	}
+	out, err := filepath.Abs(filepath.Join(dir, "latency.png"))
+	if err != nil {
+		return err
+	}
+	plot := exec.Command("go", "-C", plotDir, "run", ".", "-in", in, "-out", out)
+	if msg, err := plot.CombinedOutput(); err != nil {
+		return fmt.Errorf("draw the plot with %s (-plot names its directory; \"\" skips it): %v\n%s", plotDir, err, msg)
+	}
+	return nil
 }
 
 func (b *bench) markdown() string {

@@ -2,8 +2,11 @@
 // the machine: the real Docker engine, the sandbox images (built offline),
 // freshly built binaries, and a check that nothing was left on the engine.
 //
-// Nothing here fakes the engine: tests that use it run against the real one,
-// and fail (not skip) when it is missing, with what to do about it.
+// Nothing here fakes the engine: tests that use it run against the real one.
+// Every such test goes through NeedsDocker (Engine, TestImage and
+// DefaultImage call it): under `go test -short` it skips, saying why, so the
+// rest of the suite runs on a machine without Docker; without -short (make
+// test) it fails when the engine is missing, with what to do about it.
 package testenv
 
 import (
@@ -31,9 +34,41 @@ func RepoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// Engine returns a client of the real Docker engine.
+var (
+	engineOnce sync.Once
+	engineErr  error
+)
+
+// NeedsDocker marks a test that uses the Docker engine, directly or through
+// a server it starts. Under -short it skips the test, saying so. Otherwise
+// it fails the test at once if the engine does not answer (asked once per
+// test binary, for at most 10 s), saying what to do.
+func NeedsDocker(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("uses the Docker engine; -short runs only the tests that do not (make test runs them all)")
+	}
+	engineOnce.Do(func() {
+		cli, err := client.New(client.FromEnv)
+		if err != nil {
+			engineErr = err
+			return
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, engineErr = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	})
+	if engineErr != nil {
+		t.Fatalf("this test needs a running Docker engine (%v): start it, or set DOCKER_HOST; `go test -short` skips the tests that need it", engineErr)
+	}
+}
+
+// Engine returns a client of the real Docker engine (see NeedsDocker),
+// its API version negotiated with the engine.
 func Engine(t testing.TB) *client.Client {
 	t.Helper()
+	NeedsDocker(t)
 	cli, err := client.New(client.FromEnv)
 	if err != nil {
 		t.Fatalf("docker client: %v", err)
@@ -41,7 +76,8 @@ func Engine(t testing.TB) *client.Client {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
-		t.Fatalf("these tests need a running Docker engine (%v); start it, or set DOCKER_HOST", err)
+		cli.Close()
+		t.Fatalf("this test needs a running Docker engine (%v): start it, or set DOCKER_HOST", err)
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli
@@ -56,6 +92,7 @@ var (
 // from Debian's busybox-static) if it is missing.
 func TestImage(t testing.TB) string {
 	t.Helper()
+	NeedsDocker(t)
 	tag := testimage.Tag()
 	testImageOnce.Do(func() {
 		if imageExists(tag) {
@@ -76,6 +113,7 @@ func TestImage(t testing.TB) string {
 // (`make image`; it takes a couple of minutes, so tests do not build it).
 func DefaultImage(t testing.TB) string {
 	t.Helper()
+	NeedsDocker(t)
 	tag := image.DefaultTag()
 	if !imageExists(tag) {
 		t.Fatalf("the default image %s is missing: run `make image` first (make test does)", tag)

@@ -1,0 +1,134 @@
+package agentproto
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the JSON golden files in testdata/ from the messages")
+
+// samples holds one value of every message that travels in a frame body or
+// payload, every field set, so that each field's JSON name is in its golden
+// file: a renamed or dropped field changes the file instead of silently
+// reading as zero ("no limit", "no timeout") on a peer that still uses the
+// old name.
+var samples = map[string]any{
+	"hello": Hello{
+		Version: Version, Agent: "sandbox-agent v1.2.3", PID: 7, UID: 1000, Workspace: "/workspace",
+		UIDs: [3]int{0, 1000, 0}, GIDs: [3]int{0, 1000, 0}, CommandUID: 1000, CommandGID: 1000,
+		CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
+	},
+	"lease": Lease{TTLMillis: 60_000},
+	"exec_request": ExecRequest{
+		Path: "/bin/ls", Argv: []string{"ls", "-l"}, Cwd: "src", Env: []string{"A=1"},
+		TimeoutMillis: 60_000, MaxOutput: 32 << 10, Stdin: true,
+	},
+	"exec_result": ExecResult{
+		ExitCode: 137, Signal: "KILL", TimedOut: true, Cancelled: true, StdoutBytes: 10, StderrBytes: 20,
+		Killed: 3, DurationNano: 1_500_000,
+	},
+	"read_request":  ReadRequest{Path: "a.txt", Offset: 10, Length: 100, Max: 8 << 20},
+	"read_result":   ReadResult{Size: 1000, Truncated: true},
+	"write_request": WriteRequest{Path: "a.txt", Append: true, Mode: 0o644, Size: 12},
+	"write_result":  WriteResult{Written: 12, Size: 24},
+	"list_request":  ListRequest{Path: "src", Recursive: true, Max: 1000},
+	"list_entry": Entry{
+		Path: "src/link", Type: TypeSymlink, Size: 3, Mode: 0o777,
+		MTime: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), Target: "../a.txt",
+	},
+	"list_result":      ListResult{Count: 2, Truncated: true},
+	"resolve_request":  ResolveRequest{Names: []string{"ls", "./run.sh"}, Cwd: "."},
+	"resolve_result":   ResolveResult{Paths: []string{"/bin/ls", ""}},
+	"snapshot_request": SnapshotRequest{Limits: Limits{MaxBytes: 512 << 20, MaxEntries: 100_000, MaxDepth: 64}},
+	"snapshot_result":  SnapshotResult{Files: 5, Bytes: 10240, Skipped: 1},
+	"restore_request":  RestoreRequest{Limits: Limits{MaxBytes: 512 << 20, MaxEntries: 100_000, MaxDepth: 64}},
+	"restore_result":   RestoreResult{Files: 5, Bytes: 10240, Skipped: 1},
+	"error":            Error{Code: "NOT_FOUND", Message: `"a.txt" does not exist`},
+	"header":           Header{ID: 3, Kind: KindResult, Body: json.RawMessage(`{"size":1}`)},
+	// The kinds are the wire's vocabulary too.
+	"kinds": []Kind{
+		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
+		KindRead, KindWrite, KindList, KindResolve, KindSnapshot, KindRestore,
+		KindData, KindEOF, KindCancel, KindResult, KindError,
+	},
+}
+
+// TestMessagesMatchTheirGoldenJSON: every message encodes exactly as its
+// file in testdata/ says, and the file decodes back to the same message. A
+// change to the wire shows in review as a change to a golden file (run
+// `go test ./agentproto -run TestMessagesMatch -update`), and one that an old
+// peer would misread also needs a new Version (see its history).
+func TestMessagesMatchTheirGoldenJSON(t *testing.T) {
+	for name, v := range samples {
+		t.Run(name, func(t *testing.T) {
+			if zero := zeroFields(reflect.ValueOf(v), name); len(zero) > 0 {
+				t.Fatalf("the sample leaves %v unset: give every field a value, so its name is pinned", zero)
+			}
+			got, err := json.MarshalIndent(v, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, '\n')
+			path := filepath.Join("testdata", name+".golden.json")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to write it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s encodes as\n%s\nbut %s holds\n%s\nIf the change is meant, run with -update; if a peer of the last Version would misread it, bump Version and say why in its history", name, got, path, want)
+			}
+			// Decoding the file and encoding again gives the file: every
+			// name in it is one the type reads.
+			back := reflect.New(reflect.TypeOf(v))
+			if err := json.Unmarshal(want, back.Interface()); err != nil {
+				t.Fatal(err)
+			}
+			again, err := json.MarshalIndent(back.Elem().Interface(), "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(append(again, '\n'), want) {
+				t.Fatalf("%s decodes and encodes again as\n%s", path, again)
+			}
+		})
+	}
+}
+
+// zeroFields names the fields of v, at any depth, that hold their zero
+// value.
+func zeroFields(v reflect.Value, path string) []string {
+	if v.Type() == reflect.TypeFor[time.Time]() {
+		if v.IsZero() {
+			return []string{path}
+		}
+		return nil
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		var out []string
+		for i := range v.NumField() {
+			out = append(out, zeroFields(v.Field(i), path+"."+v.Type().Field(i).Name)...)
+		}
+		return out
+	case reflect.Slice, reflect.Array:
+		if v.Len() == 0 {
+			return []string{path}
+		}
+		return nil
+	}
+	if v.IsZero() {
+		return []string{path}
+	}
+	return nil
+}
