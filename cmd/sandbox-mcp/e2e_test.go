@@ -104,11 +104,11 @@ func startServer(t *testing.T, o serverOpts) *server {
 		}
 	}})
 	// The server answers once its runtime image (the image plus the agent)
-	// exists. For a large image such as the default one, making it commits a
-	// layer, which takes minutes on an engine without a native overlay diff
+	// exists. For a large image such as the default one, making it commits
+	// layers, which takes minutes on an engine without a native overlay diff
 	// (fuse-overlayfs).
 	connectTimeout := 60 * time.Second
-	if img != testenv.TestImage(t) {
+	if o.image != "" {
 		connectTimeout = 10 * time.Minute
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
