@@ -25,7 +25,7 @@ build: ## build bin/sandbox-mcp and the static bin/sandbox-agent
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandbox-mcp ./cmd/sandbox-mcp
 
 .PHONY: image
-image: ## build the default sandbox image offline (debootstrap; about a minute)
+image: ## build the default sandbox image without a registry (debootstrap and apt from a Debian mirror; about 4 minutes)
 	bash image/build.sh
 
 .PHONY: testimage

@@ -1,15 +1,16 @@
 // Package image carries the default sandbox image's build files and the tag
 // they produce.
 //
-// The default image is Debian bookworm (bash, coreutils, python3, git, curl,
-// ca-certificates, tar, procps) built by build.sh without any image registry:
-// debootstrap makes a rootfs from Debian's packages, `docker import` turns it
-// into a base image, and `docker build` applies the Dockerfile on top. The tag
-// is sandbox-mcp:<hash>, where <hash> is the first 12 hex digits of the SHA-256
-// of the Dockerfile's bytes followed by build.sh's bytes, so it changes
-// whenever either file does. DefaultTag computes it from the copies embedded
-// here; `build.sh --print-tag` computes it from the files on disk, and a test
-// keeps the two in step.
+// The default image is a Debian bookworm toolbox (bash and the usual command
+// line tools, git, curl, jq, ripgrep, python3 with pip and venv, Node.js with
+// npm, gcc, g++ and make) built by build.sh without any image registry:
+// debootstrap makes a rootfs from Debian's packages, apt installs the toolbox
+// into it, and `docker import` turns it into the image with the Dockerfile's
+// configuration. The tag is sandbox-mcp:<hash>, where <hash> is the first 12
+// hex digits of the SHA-256 of the Dockerfile's bytes followed by build.sh's
+// bytes, so it changes whenever either file does. DefaultTag computes it from
+// the copies embedded here; `build.sh --print-tag` computes it from the files
+// on disk, and a test keeps the two in step.
 package image
 
 import (

@@ -103,7 +103,15 @@ func startServer(t *testing.T, o serverOpts) *server {
 			o.progress(r)
 		}
 	}})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	// The server answers once its runtime image (the image plus the agent)
+	// exists. For a large image such as the default one, making it commits
+	// layers, which takes minutes on an engine without a native overlay diff
+	// (fuse-overlayfs).
+	connectTimeout := 60 * time.Second
+	if o.image != "" {
+		connectTimeout = 10 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, nil)
 	if err != nil {

@@ -7,6 +7,7 @@
 //	sandbox-mcp [flags]        serve MCP over stdio
 //	sandbox-mcp --http ADDR    serve streamable HTTP at http://ADDR/mcp
 //	sandbox-mcp doctor [flags] check the engine, the image and the agent
+//	sandbox-mcp image          print the default image's tag (to build on)
 //	sandbox-mcp version        print the version
 //
 // Every flag also reads from SANDBOX_MCP_<NAME> and from the JSON file
@@ -64,6 +65,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return snapshotCmd(args[1:], stdout, stderr, getenv)
 		case "audit":
 			return auditCmd(args[1:], stdin, stdout, stderr, getenv)
+		case "image":
+			return imageCmd(args[1:], stdout, stderr)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0
@@ -113,6 +116,7 @@ Usage:
   sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
   sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
   sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
+  sandbox-mcp image           print the default image's tag, to build your own image FROM it
   sandbox-mcp version         print the version
 
 Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
