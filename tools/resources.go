@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -13,7 +14,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Resource addresses.
@@ -81,11 +82,8 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		info, f, err := m.Snapshots().Open(id)
-		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
-			if f != nil {
-				f.Close()
-			}
+		info, f, err := m.Snapshots().For(owner).Open(id)
+		if errors.Is(err, snapshot.ErrNotFound) {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
 		if err != nil {
@@ -151,14 +149,11 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 		if d.Sessions.OwnerOf != nil {
 			owner = d.Sessions.OwnerOf(req.GetExtra())
 		}
-		all, err := d.Sessions.Manager().Snapshots().List()
+		mine, err := d.Sessions.Manager().Snapshots().For(owner).List()
 		if err != nil {
 			return nil, err
 		}
-		for _, in := range all {
-			if in.Owner != owner {
-				continue
-			}
+		for _, in := range mine {
 			title := in.Label
 			if title == "" {
 				title = "snapshot of " + in.Sandbox

@@ -2,13 +2,14 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Tool names for snapshots beyond sandbox_snapshot.
@@ -59,7 +60,7 @@ func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToo
 	if dec := d.Policy.CanWrite(); !dec.Allow {
 		return nil, out, dec.Err()
 	}
-	if !session.ValidSnapshotID(in.ID) {
+	if !snapshot.ValidID(in.ID) {
 		return nil, out, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
 	}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
@@ -78,16 +79,15 @@ func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToo
 	return textResult(text), out, nil
 }
 
-// DeleteSnapshotIn is sandbox_snapshot_delete's input.
+// DeleteSnapshotIn is sandbox_snapshot_delete's input. Snapshots belong to
+// the caller, not to one sandbox: the tool takes no sandbox.
 type DeleteSnapshotIn struct {
-	ID      string `json:"id" jsonschema:"The snapshot to delete."`
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"Unused by this tool beyond reporting; snapshots belong to you, not to one sandbox."`
+	ID string `json:"id" jsonschema:"The snapshot to delete."`
 }
 
 // DeleteSnapshotOut is sandbox_snapshot_delete's output.
 type DeleteSnapshotOut struct {
-	Sandbox string `json:"sandbox" jsonschema:"This session's sandbox."`
-	ID      string `json:"id" jsonschema:"The snapshot deleted."`
+	ID string `json:"id" jsonschema:"The snapshot deleted."`
 }
 
 func deleteSnapshotDef() *mcp.Tool {
@@ -108,20 +108,11 @@ func deleteSnapshotDef() *mcp.Tool {
 
 func (d *Deps) deleteSnapshot(ctx context.Context, c *call, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
 	var out DeleteSnapshotOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
-	store := d.Sessions.Manager().Snapshots()
-	info, err := store.Get(in.ID)
-	if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != sb.Owner()) {
+	err := d.Sessions.Manager().Snapshots().For(d.Sessions.Owner(c.req)).Delete(in.ID)
+	if errors.Is(err, snapshot.ErrNotFound) {
 		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)
 	}
 	if err != nil {
-		return nil, out, err
-	}
-	if err := store.Delete(in.ID); err != nil && err != session.ErrSnapshotNotFound {
 		return nil, out, err
 	}
 	out.ID = in.ID
