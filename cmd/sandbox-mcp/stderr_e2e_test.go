@@ -228,3 +228,26 @@ func TestStdioStderrClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestAllowlistShutdownLogsNoWarning: ending a session whose sandbox has a
+// network removes its rules and network once, and the shutdown logs no
+// warning.
+func TestAllowlistShutdownLogsNoWarning(t *testing.T) {
+	s := startServer(t, serverOpts{args: []string{"--network", "allowlist", "--allow-host", "example.com"}})
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+	if err := s.cs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.cmd.ProcessState == nil || s.cmd.ProcessState.ExitCode() != 0 {
+		t.Fatalf("exit: %v", s.cmd.ProcessState)
+	}
+	log := s.stderr.String()
+	if !strings.Contains(log, "sandbox-mcp stopped") {
+		t.Fatalf("no stop in the log:\n%s", log)
+	}
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			t.Errorf("shutdown logged: %s", l)
+		}
+	}
+}
