@@ -270,7 +270,7 @@ func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writ
 		defer cancel()
 		closed <- m.Close(cctx)
 	}()
-	err = server.Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}})
+	err = server.Run(ctx, unansweredCancels{&mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}}})
 	stop()
 	if cerr := <-closed; cerr != nil {
 		log.Warn("removing sandboxes at exit", "err", cerr)
