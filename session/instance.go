@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -136,7 +135,7 @@ func (m *Manager) stopKeepAlive(inst *instance) { close(inst.quiet) }
 // waiting until the engine has let go of it.
 func (m *Manager) removeInstance(inst *instance) {
 	if inst.conn != nil {
-		inst.conn.fail(errors.New("the sandbox was removed"))
+		inst.conn.fail(errRemoved)
 	}
 	if inst.box != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

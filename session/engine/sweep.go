@@ -70,11 +70,9 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, engineError("list networks", err)
 	}
-	names := map[string]bool{}
 	removed := 0
 	now := time.Now()
 	for _, nw := range list.Items {
-		names[nw.Name] = true
 		insp, err := d.cli.NetworkInspect(ctx, nw.ID, client.NetworkInspectOptions{})
 		if err != nil || len(insp.Network.Containers) > 0 {
 			continue
@@ -89,12 +87,23 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 			d.log.Warn("session: sweep: remove network", "network", nw.Name, "err", err)
 			continue
 		}
-		delete(names, nw.Name)
 		removed++
 		d.log.Info("session: swept orphaned network", "network", nw.Name, "instance", nw.Labels[LabelInstance])
 	}
 	if d.fw != nil {
-		if err := d.fw.sweep(func(network string) bool { return names[network] }); err != nil {
+		// The networks are listed again, after the rules: see sweep.
+		live := func() (map[string]bool, error) {
+			list, err := d.cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", LabelManaged+"=1")})
+			if err != nil {
+				return nil, engineError("list networks", err)
+			}
+			names := make(map[string]bool, len(list.Items))
+			for _, nw := range list.Items {
+				names[nw.Name] = true
+			}
+			return names, nil
+		}
+		if err := d.fw.sweep(live); err != nil {
 			d.log.Warn("session: sweep firewall rules", "err", err)
 		}
 	}
