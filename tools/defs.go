@@ -84,9 +84,9 @@ func readDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameReadFile,
 		Title: "Read a file from the sandbox",
-		Description: "Read a file from the sandbox's workspace (/workspace). Paths are relative to /workspace. " +
-			"Text comes back as utf-8, other bytes as base64 (see encoding). Large files: read a range with offset and length; truncated says the cap cut the read. " +
-			"PNG, JPEG, GIF and WebP files also come back as an image you can look at.",
+		Description: "Use it to read a file rather than cat in sandbox_exec: it reads byte or line ranges of large files and shows images. " +
+			"Text comes back as utf-8, other bytes as base64 (see encoding); truncated and next_offset say where to read on. " +
+			"PNG, JPEG, GIF and WebP files also come back as an image.",
 		InputSchema:  inputSchema[ReadIn](nil),
 		OutputSchema: outputSchema[ReadOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -98,8 +98,8 @@ func readDef() *mcp.Tool {
 }
 
 func writeDef(p policy.Policy) *mcp.Tool {
-	desc := "Write a file in the sandbox's workspace (/workspace), creating missing directories. " +
-		"content is utf-8 text, or base64 with encoding \"base64\". The write replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is an octal string such as \"0755\"."
+	desc := "Use it to create or replace a file rather than echo or a heredoc in sandbox_exec; missing directories are made. " +
+		"content is utf-8 text, or base64 with encoding \"base64\". It replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is octal, such as \"0755\"."
 	if p.ReadOnly {
 		desc += " This server's workspace is read-only: every write is refused."
 	}
@@ -123,8 +123,8 @@ func listDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameList,
 		Title: "List files in the sandbox",
-		Description: "List a directory of the sandbox's workspace (/workspace), or everything under it with recursive=true. " +
-			"Entry paths are relative to /workspace. Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
+		Description: "Use it to list a directory, or all under it with recursive=true, rather than ls or find in sandbox_exec. " +
+			"Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
 		InputSchema:  inputSchema[ListIn](listSchemaEdit),
 		OutputSchema: outputSchema[ListOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -139,8 +139,8 @@ func snapshotDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameSnapshot,
 		Title: "Snapshot the sandbox's workspace",
-		Description: "Save the whole workspace (/workspace) as a tar archive on the server. The snapshot outlives the session; " +
-			"it is readable as the MCP resource at uri. It keeps files only, not running processes.",
+		Description: "Use it when the workspace must outlive this session or you may want to roll back: nothing made with sandbox_exec lasts past the session. " +
+			"It saves the whole workspace as a tar archive on the server, readable as the MCP resource at uri; files only, not processes.",
 		InputSchema:  inputSchema[SnapshotIn](nil),
 		OutputSchema: outputSchema[SnapshotOut](),
 		Annotations: &mcp.ToolAnnotations{
