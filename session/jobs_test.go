@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
 // background starts script as a background job and returns its id.
@@ -198,5 +199,5 @@ func TestSessionEndLeavesNoProcess(t *testing.T) {
 	background(t, sb, "setsid sleep 1001 & while :; do sleep 1; done")
 	cid := sb.ContainerID()
 	m.Release(t.Name())
-	waitGone(t, m.opts.Client, cid)
+	waitGone(t, testenv.Engine(t), cid)
 }
