@@ -197,3 +197,25 @@ func TestStdioProgressArrivesWhileTheCommandRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestStdioCommandUnderPolicy: under --exec=allowlist a command string runs
+// only when the shell it runs through is allowlisted, and the refusal says
+// so; under --exec=deny there are no jobs, and sandbox_job says why.
+func TestStdioCommandUnderPolicy(t *testing.T) {
+	s := startServer(t, serverOpts{args: []string{"--exec", "allowlist", "--allow-cmd", "ls,echo"}})
+	msg := s.fails("sandbox_exec", map[string]any{"command": "ls | head"}, "POLICY_DENIED")
+	if !strings.Contains(msg, "shell sh") || !strings.Contains(msg, "argv") {
+		t.Errorf("command under an allowlist without the shell: %s", msg)
+	}
+	if r := s.ok("sandbox_exec", map[string]any{"argv": []string{"echo", "hi"}}); r["stdout"] != "hi\n" {
+		t.Fatal(r)
+	}
+	s2 := startServer(t, serverOpts{args: []string{"--exec", "allowlist", "--allow-cmd", "sh"}})
+	if r := s2.ok("sandbox_exec", map[string]any{"command": "echo a; echo b"}); r["stdout"] != "a\nb\n" {
+		t.Fatalf("command with sh allowlisted: %v", r)
+	}
+	d := startServer(t, serverOpts{args: []string{"--exec=deny"}})
+	d.fails("sandbox_job", nil, "POLICY_DENIED")
+	d.fails("sandbox_job", map[string]any{"job": "1"}, "POLICY_DENIED")
+	d.fails("sandbox_exec", map[string]any{"command": "true", "background": true}, "POLICY_DENIED")
+}
