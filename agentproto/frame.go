@@ -38,7 +38,15 @@ import (
 //     request gets its terminal frame. The error frame's codes are
 //     internal/errcode's, with INTERNAL for faults (the same strings as
 //     before).
-const Version = 2
+//   - 3 (2026-11-30): every exec may run as a job (ExecRequest.Job) whose
+//     output the agent keeps (KeepOutput per stream) for later reads; a
+//     background exec answers at once with KindResult and a JobStatus
+//     instead of output frames and KindExit; new requests KindJob (stdin,
+//     signal, wait, read a job's output from an offset) and KindJobs (list).
+//     A version 2 agent would refuse both kinds and stream a background
+//     command as a foreground one. ExecRequest.MaxJobs bounds the jobs that
+//     run at once (BUSY past it).
+const Version = 3
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
@@ -81,6 +89,12 @@ const (
 	KindStderr Kind = "stderr"
 	// KindExit A→S: body ExecResult. Terminal.
 	KindExit Kind = "exit"
+
+	// KindJob S→A: body JobRequest. Answered by stdout/stderr frames, then
+	// KindResult with JobStatus.
+	KindJob Kind = "job"
+	// KindJobs S→A: body JobsRequest. Answered by KindResult with JobList.
+	KindJobs Kind = "jobs"
 
 	// KindRead S→A: body ReadRequest. Answered by data frames with the
 	// content, then KindResult with ReadResult.

@@ -28,6 +28,7 @@ func All(d *Deps) []Tool {
 	}
 	return []Tool{
 		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
+		tool(jobDef(d.Policy), wrap(d, NameJob, d.job)),
 		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
 		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
 		tool(listDef(), wrap(d, NameList, d.list)),
@@ -53,11 +54,11 @@ func Register(s *mcp.Server, d *Deps) {
 func ptr[T any](v T) *T { return &v }
 
 func execDef(p policy.Policy) *mcp.Tool {
-	desc := "Run a program in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
-		"argv is the program and its arguments, not a shell line: use [\"bash\", \"-c\", \"...\"] for pipes and redirection. " +
-		"The working directory is /workspace (or cwd, relative to it); files persist between calls for the session's life. " +
-		"A non-zero exit code is a normal result. A command that runs past timeout_ms is killed with every process it started and returns its partial output with timed_out set. " +
-		"Output beyond the cap is dropped (stdout_truncated / stderr_truncated)."
+	desc := "Run a command in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
+		"Give argv (a program and its arguments, no shell) or command (a shell line). " +
+		"The working directory is /workspace (or cwd, relative to it); files persist between calls, the shell's cd and variables do not. " +
+		"A non-zero exit code is a normal result. Past timeout_ms the command is killed with every process it started. " +
+		"Long output keeps its head and tail; the rest is read with sandbox_job. background: true returns at once (servers, watchers, long builds)."
 	switch p.Exec {
 	case policy.ExecAllowlist:
 		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."

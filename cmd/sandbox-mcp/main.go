@@ -298,7 +298,7 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"exec", p.Exec, "allow_cmd", strings.Join(p.AllowCmds, ","), "read_only", p.ReadOnly,
 		"max_file_bytes", p.MaxFileBytes, "max_output_bytes", p.MaxOutputBytes, "max_workspace_bytes", p.MaxWorkspaceBytes,
 		"exec_timeout", p.ExecTimeout, "max_exec_timeout", p.MaxExecTimeout,
-		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
+		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_jobs", p.MaxExecs, "max_job_output_bytes", p.MaxJobOutputBytes,
 		"max_inflight_bytes", p.MaxInflightBytes, "max_session_inflight_bytes", p.MaxSessionInflightBytes,
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
