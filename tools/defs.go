@@ -30,6 +30,10 @@ func All(d *Deps) []Tool {
 		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
 		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
 		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
+		tool(editDef(d.Policy), wrap(d, NameEditFile, d.editFile)),
+		tool(deleteDef(d.Policy), wrap(d, NameDelete, d.deletePath)),
+		tool(moveDef(d.Policy), wrap(d, NameMove, d.move)),
+		tool(viewImageDef(), wrap(d, NameViewImage, d.viewImage)),
 		tool(listDef(), wrap(d, NameList, d.list)),
 		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
 		tool(restoreDef(), wrap(d, NameRestore, d.restore)),
@@ -84,10 +88,10 @@ func readDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameReadFile,
 		Title: "Read a file from the sandbox",
-		Description: "Read a file from the sandbox's workspace (/workspace). Paths are relative to /workspace. " +
-			"Text comes back as utf-8, other bytes as base64 (see encoding). Large files: read a range with offset and length; truncated says the cap cut the read. " +
-			"PNG, JPEG, GIF and WebP files also come back as an image you can look at.",
-		InputSchema:  inputSchema[ReadIn](nil),
+		Description: "Read a file in /workspace: use this rather than exec cat. " +
+			"Text comes back as utf-8, other bytes as base64. Read part of a large file by lines (start_line, end_line) or bytes (offset, length); next_offset and hint say where more follows. " +
+			"An image gives its media_type only: look at it with sandbox_view_image.",
+		InputSchema:  inputSchema[ReadIn](readSchemaEdit),
 		OutputSchema: outputSchema[ReadOut](),
 		Annotations: &mcp.ToolAnnotations{
 			Title:         "Read a file from the sandbox",
