@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -16,6 +17,13 @@ import (
 // work with exec denied.
 func TestFileTools(t *testing.T) {
 	r := newRig(t, func(p *policy.Policy) { p.Exec = policy.ExecDeny })
+	var mu sync.Mutex
+	audited := map[string]int{}
+	r.d.Audit = func(rec Record) {
+		mu.Lock()
+		audited[rec.Tool+" "+rec.Decision]++
+		mu.Unlock()
+	}
 	r.ok(NameWriteFile, map[string]any{"path": "src/a.py", "content": "def f():\n\tif x:\n\t\treturn 1\n\treturn 2\n", "mode": "0750"})
 
 	// Edit.
@@ -83,6 +91,16 @@ func TestFileTools(t *testing.T) {
 	r.fails(NameViewImage, map[string]any{"path": "new/b.txt"}, errcode.InvalidArgument)
 	r.fails(NameViewImage, map[string]any{"path": "nope.png"}, errcode.NotFound)
 	r.idle()
+
+	// Each call has its audit record, like every other tool's.
+	mu.Lock()
+	defer mu.Unlock()
+	for _, want := range []string{NameEditFile + " allow", NameEditFile + " deny", NameDelete + " allow", NameDelete + " deny",
+		NameMove + " allow", NameMove + " deny", NameViewImage + " deny"} {
+		if audited[want] == 0 {
+			t.Errorf("no audit record %q: %v", want, audited)
+		}
+	}
 }
 
 // A long text read carries its content once, in the structured result; a

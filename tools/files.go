@@ -153,8 +153,13 @@ func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolR
 		text += fmt.Sprintf("[%d bytes of text: in the result's content field]\n", n)
 		jsonBytes = policy.JSONLen(text) + policy.JSONLen(out.Content)
 	}
-	// Hold what the response takes, now that it is known.
-	if err := c.resize(policy.ResponseCost(jsonBytes), "or read it in smaller parts with offset and length, or start_line and end_line"); err != nil {
+	// Hold what the response takes, now that it is known, and the buffer
+	// a text's content shares.
+	var kept int64
+	if out.Encoding == "utf-8" {
+		kept = int64(cap(res.Data))
+	}
+	if err := c.resize(kept+policy.ResponseCost(jsonBytes), "or read it in smaller parts with offset and length, or start_line and end_line"); err != nil {
 		return nil, out, err
 	}
 	return textResult(text), out, nil

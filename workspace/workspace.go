@@ -23,6 +23,11 @@
 //     with O_NOFOLLOW / AT_SYMLINK_NOFOLLOW: writes replace a symlink with a
 //     regular file (temporary file + renameat) and never write through it;
 //     List, Snapshot and Restore never follow one.
+//   - Delete and Move change names, so they resolve the directory holding
+//     the name with RESOLVE_NO_SYMLINKS as well (any symlink on the path is
+//     refused, even one that stays inside) and act with unlinkat and
+//     renameat2 on that descriptor: a symlink is removed or renamed itself,
+//     never its target, and a recursive delete never follows one.
 //   - Opens that could block (a FIFO) use O_NONBLOCK, and only regular files
 //     (fstat S_ISREG on the opened descriptor) are read or written.
 //
