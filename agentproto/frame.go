@@ -46,6 +46,11 @@ import (
 //     A version 2 agent would refuse both kinds and stream a background
 //     command as a foreground one. ExecRequest.MaxJobs bounds the jobs that
 //     run at once (BUSY past it).
+//     Also edit, delete and move requests; a read may ask for
+//     lines (start_line, end_line) and its result says where the content
+//     starts and, for lines, which lines it holds and how many the file
+//     has. A version 2 agent would ignore start_line and send bytes from
+//     offset 0.
 const Version = 3
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
@@ -102,6 +107,15 @@ const (
 	// KindWrite S→A: body WriteRequest, then data frames and eof. Answered by
 	// KindResult with WriteResult.
 	KindWrite Kind = "write"
+	// KindEdit S→A: body EditRequest, then data frames (old text, new text)
+	// and eof. Answered by KindResult with EditResult.
+	KindEdit Kind = "edit"
+	// KindDelete S→A: body DeleteRequest. Answered by KindResult with
+	// DeleteResult.
+	KindDelete Kind = "delete"
+	// KindMove S→A: body MoveRequest. Answered by KindResult with
+	// MoveResult.
+	KindMove Kind = "move"
 	// KindList S→A: body ListRequest. Answered by data frames whose payloads
 	// are JSON lines of Entry, then KindResult with ListResult.
 	KindList Kind = "list"

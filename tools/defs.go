@@ -31,6 +31,10 @@ func All(d *Deps) []Tool {
 		tool(jobDef(d.Policy), wrap(d, NameJob, d.job)),
 		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
 		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
+		tool(editDef(d.Policy), wrap(d, NameEditFile, d.editFile)),
+		tool(deleteDef(d.Policy), wrap(d, NameDelete, d.deletePath)),
+		tool(moveDef(d.Policy), wrap(d, NameMove, d.move)),
+		tool(viewImageDef(), wrap(d, NameViewImage, d.viewImage)),
 		tool(listDef(), wrap(d, NameList, d.list)),
 		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
 		tool(restoreDef(), wrap(d, NameRestore, d.restore)),
@@ -85,10 +89,10 @@ func readDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameReadFile,
 		Title: "Read a file from the sandbox",
-		Description: "Use it to read a file rather than cat in sandbox_exec: it reads byte or line ranges of large files and shows images. " +
-			"Text comes back as utf-8, other bytes as base64 (see encoding); truncated and next_offset say where to read on. " +
-			"PNG, JPEG, GIF and WebP files also come back as an image.",
-		InputSchema:  inputSchema[ReadIn](nil),
+		Description: "Use it to read a file rather than cat in sandbox_exec. " +
+			"Text comes back as utf-8, other bytes as base64. Read part of a large file by lines (start_line, end_line) or bytes (offset, length); next_offset and hint say where more follows. " +
+			"An image gives its media_type only: look at it with sandbox_view_image.",
+		InputSchema:  inputSchema[ReadIn](readSchemaEdit),
 		OutputSchema: outputSchema[ReadOut](),
 		Annotations: &mcp.ToolAnnotations{
 			Title:         "Read a file from the sandbox",
