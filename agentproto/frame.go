@@ -38,7 +38,12 @@ import (
 //     request gets its terminal frame. The error frame's codes are
 //     internal/errcode's, with INTERNAL for faults (the same strings as
 //     before).
-const Version = 2
+//   - 3 (2026-11-30): the setup request (SetupRequest, answered by
+//     SetupResult): the server sends its egress proxy's CA certificate and
+//     the agent writes a CA bundle (the image's roots and that
+//     certificate) before any command runs. A version 2 agent answers it
+//     with an error, and the sandbox's programs would not trust the proxy.
+const Version = 3
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
@@ -100,6 +105,11 @@ const (
 	// KindRestore S→A: body RestoreRequest, then data frames with a tar
 	// stream and eof. Answered by KindResult with RestoreResult.
 	KindRestore Kind = "restore"
+
+	// KindSetup S→A: body SetupRequest. Sent after the lease, before any
+	// other request, when the sandbox needs it. Answered by KindResult with
+	// SetupResult.
+	KindSetup Kind = "setup"
 
 	// KindData carries a chunk of bulk data in its payload, either way.
 	KindData Kind = "data"

@@ -107,6 +107,12 @@ type Options struct {
 	// OnProxyDecision, if set, sees every proxy decision (for the audit
 	// log); it must be quick and safe for concurrent use.
 	OnProxyDecision func(netproxy.Decision)
+	// Secrets go into requests to their hosts at the proxy; each sandbox
+	// gets placeholders and trusts the proxy's CA (see netproxy.Secret).
+	// They need Policy.Network allowlist.
+	Secrets []netproxy.Secret
+	// OnSecretUse, if set, sees each use of a secret (for the audit log).
+	OnSecretUse func(netproxy.SecretUse)
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -203,6 +209,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	var proxy *netproxy.Proxy
 	var fw *firewall
+	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
+		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
+	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
 		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
@@ -216,6 +225,8 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			Logger:       log,
 			OnDecision:   opts.OnProxyDecision,
 			DenyAddrs:    opts.DenyAddrs,
+			Secrets:      opts.Secrets,
+			OnSecretUse:  opts.OnSecretUse,
 		})
 		if err != nil {
 			return nil, err
@@ -485,7 +496,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 			return inst, err
 		}
 		inst.net = n
-		env = append(env, n.env()...)
+		env = append(append(env, n.env()...), m.secretEnv(sandbox)...)
 		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
 	}
 	spec := ContainerSpec(ContainerParams{
@@ -530,6 +541,9 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, agentLog.tail())
 	}
 	inst.conn = c
+	if err := m.setupSandbox(ctx, c); err != nil {
+		return inst, err
+	}
 	if m.opts.Policy.NeedsResolve() {
 		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
 		if err != nil {
