@@ -266,3 +266,11 @@ func (p *Proxy) SecretEnv(sandbox string) []string {
 	}
 	return env
 }
+
+// CheckSecrets reports what New would refuse in secrets given allow: an
+// invalid name or value, a name given twice, a host allow does not list.
+// No message quotes a value.
+func CheckSecrets(secrets []Secret, allow *Allowlist) error {
+	_, err := newSecretSet(secrets, allow)
+	return err
+}
