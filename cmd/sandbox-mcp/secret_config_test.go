@@ -49,7 +49,7 @@ func TestSecretFlag(t *testing.T) {
 		{append(net, "--secret", "MISSING@github.com"), "this server's environment has no MISSING"},
 		{append(net, "--secret", "GH@github.com", "--env", "GH=x"), "--env GH: GH is a --secret"},
 		{append(net, "--secret", "GH@github.com", "--env", "GH"), "--env GH: GH is a --secret"},
-		{append(net, "--secret", "GH@github.com", "--env", "URL=https://x:" + testSecretValue + "@github.com"), "--env URL: its value contains the value of the secret GH"},
+		{append(net, "--secret", "GH@github.com", "--env", "URL=https://x:"+testSecretValue+"@github.com"), "--env URL: its value contains the value of the secret GH"},
 		{append(net, "--secret", "GH@github.com", "--secret", "GH@api.github.com"), "given twice"},
 		{append(net, "--secret", "GH@*.github.com"), "wildcard"},
 		{append(net, "--secret", "GH"), "NAME@HOST"},
