@@ -60,8 +60,8 @@ func (b *bench) secrets(ctx context.Context) error {
 		Resolver: staticResolver{"bench.test": netip.MustParseAddr("127.0.0.1")},
 		Logger:   slog.New(slog.DiscardHandler),
 		Rate:     1e6, Burst: 1e6, MaxTunnels: 64, MaxConns: 128,
-		Secrets:  []netproxy.Secret{{Name: "TOKEN", Value: "bench-secret-value", Hosts: []string{"bench.test"}}},
-		RootCAs:  roots,
+		Secrets: []netproxy.Secret{{Name: "TOKEN", Value: "bench-secret-value", Hosts: []string{"bench.test"}}},
+		RootCAs: roots,
 	})
 	if err != nil {
 		return err
@@ -124,7 +124,7 @@ func (b *bench) secrets(ctx context.Context) error {
 		Value:    fmt.Sprintf("%s (p99 %s); %s added", fmtMs(median(viaProxy)), fmtMs(percentile(viaProxy, 99)), fmtMs(added)),
 		Baseline: "direct TLS connection: " + fmtMs(median(straight)),
 		Goal:     "≤ 5 ms added", Met: added <= 5,
-		Note:     "the proxy makes two handshakes (the real host's, verified, and the sandbox's with a cached leaf) and a CONNECT round trip where a direct client makes one",
+		Note: "the proxy makes two handshakes (the real host's, verified, and the sandbox's with a cached leaf) and a CONNECT round trip where a direct client makes one",
 	})
 
 	// Throughput: one upload, the placeholder in its Authorization header.
@@ -173,7 +173,7 @@ func (b *bench) secrets(ctx context.Context) error {
 		Value:    fmt.Sprintf("%.0f MB/s", median(tun)),
 		Baseline: fmt.Sprintf("direct HTTPS: %.0f MB/s", median(dir)),
 		Ratio:    r, Goal: "≥ 0.3×", Met: r >= 0.3,
-		Note:     "on loopback every byte is decrypted and encrypted again by the proxy on the same cores as both ends; through a real link the link is the bottleneck",
+		Note: "on loopback every byte is decrypted and encrypted again by the proxy on the same cores as both ends; through a real link the link is the bottleneck",
 	})
 	return nil
 }
