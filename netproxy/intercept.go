@@ -136,6 +136,7 @@ type intercepted struct {
 	mu       sync.Mutex
 	first    *tls.Conn // the verified upstream connection made before the 200
 	ups      []*meteredConn
+	closed   bool // the tunnel is ending: no new upstream connection
 	used     []bool
 	reported []bool
 }
@@ -235,10 +236,25 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 			io.WriteString(w, reason+"\n")
 		},
 	}
+	// The handlers are counted so that the tunnel ends only after the last
+	// one has returned: Serve waits for every goroutine of its tunnels.
+	var hmu sync.Mutex
+	var handlers sync.WaitGroup
+	closing := false
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hmu.Lock()
+		if closing {
+			hmu.Unlock()
+			return
+		}
+		handlers.Add(1)
+		hmu.Unlock()
+		defer handlers.Done()
+		rp.ServeHTTP(w, r)
+	})
 	srv := &http.Server{
-		Handler:           rp,
+		Handler:           handler,
 		ReadHeaderTimeout: p.cfg.HeaderTimeout,
-		IdleTimeout:       p.cfg.IdleTimeout,
 		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
 		ErrorLog:          discard,
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
@@ -253,9 +269,28 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 	}()
 
 	reason = t.watch(ctx, start)
+	hmu.Lock()
+	closing = true
+	hmu.Unlock()
 	tc.Close()
+	t.closeUpstreams()
 	<-served
+	handlers.Wait()
 	return reason, 0, 0
+}
+
+// closeUpstreams closes every connection to the host, which ends a round
+// trip in progress.
+func (t *intercepted) closeUpstreams() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	if t.first != nil {
+		t.first.Close()
+	}
+	for _, u := range t.ups {
+		u.Close()
+	}
 }
 
 // watch waits for the client's connection to end and enforces the idle
@@ -305,6 +340,11 @@ func (t *intercepted) dialUpstream(ctx context.Context, _, _ string) (net.Conn, 
 	}
 	m := newMetered(raw, &t.last)
 	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		raw.Close()
+		return nil, net.ErrClosed
+	}
 	t.ups = append(t.ups, m)
 	t.mu.Unlock()
 	tc, err := t.p.upstreamTLS(ctx, m, t.d.Normalized)

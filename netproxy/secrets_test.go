@@ -1,6 +1,7 @@
 package netproxy
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"crypto/tls"
@@ -491,5 +492,66 @@ func TestTunnelSNICheck(t *testing.T) {
 		if len(s) == 0 || s[len(s)-1].auth != "Bearer "+ph {
 			t.Errorf("SNI %q: the placeholder did not arrive unchanged: %+v", sni, s)
 		}
+	}
+}
+
+// TestInterceptRedialsAndIdles: when the host closes its connection between
+// requests, the next request goes over a new, verified connection to the
+// same address; an intercepted tunnel with nothing moving ends at the idle
+// time.
+func TestInterceptRedialsAndIdles(t *testing.T) {
+	var mu sync.Mutex
+	conns := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close") // one request per connection
+		io.WriteString(w, r.Header.Get("Authorization"))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.StartTLS()
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	h := newHarness(t, Config{
+		AllowPrivate: true, IdleTimeout: 300 * time.Millisecond,
+		Allow:   mustAllowlist(t, fmt.Sprintf("example.com:%d", port)),
+		Secrets: []Secret{{Name: "TOKEN", Value: testSecret, Hosts: []string{"example.com"}}},
+		RootCAs: upstreamRoots(srv),
+	}, realDialer)
+	h.res.setAddrs("example.com", "127.0.0.1")
+	ph := strings.TrimPrefix(h.p.SecretEnv("sandbox-1")[0], "TOKEN=")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(h.p.CACert())
+
+	resp, _, c := h.connect(fmt.Sprintf("example.com:%d", port))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: "example.com", RootCAs: pool})
+	br := bufio.NewReader(tc)
+	for i := range 2 {
+		// The client keeps its connection to the proxy; the host does not.
+		fmt.Fprintf(tc, "GET /%d HTTP/1.1\r\nHost: example.com\r\nAuthorization: Bearer %s\r\n\r\n", i, ph)
+		r, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(r.Body)
+		if string(body) != "Bearer "+testSecret {
+			t.Errorf("request %d: the host saw %q", i, body)
+		}
+	}
+	mu.Lock()
+	n := conns
+	mu.Unlock()
+	if n != 2 {
+		t.Errorf("the host saw %d connections, want 2 (one per request)", n)
+	}
+	if cl := h.waitCloses(1)[0]; cl.Reason != CloseIdle {
+		t.Errorf("close %+v, want idle", cl)
 	}
 }
