@@ -333,6 +333,12 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 			res, err := s.ws.Snapshot(dst, req.Limits)
 			s.finish(c.id, res, err)
 		})
+	case agentproto.KindSetup:
+		var req agentproto.SetupRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.setup(req)
+			s.finish(c.id, res, err)
+		})
 	case agentproto.KindRestore:
 		var req agentproto.RestoreRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {

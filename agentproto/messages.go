@@ -34,6 +34,29 @@ type Lease struct {
 	TTLMillis int64 `json:"ttl_ms"`
 }
 
+// SetupRequest prepares the container before any command runs.
+type SetupRequest struct {
+	// CACerts is PEM certificates the sandbox's programs must trust besides
+	// the image's roots: the egress proxy's CA, which signs the
+	// certificates of the hosts whose requests it adds secrets to. Never a
+	// key. The agent writes the image's roots and these to CABundlePath.
+	CACerts string `json:"ca_certs"`
+}
+
+// SetupResult ends a setup.
+type SetupResult struct {
+	// CABundle is the path of the bundle written ("" if CACerts was empty).
+	CABundle string `json:"ca_bundle"`
+	// SystemRoots is the image's root file the bundle starts with, "" if
+	// the image has none (the bundle then holds only CACerts).
+	SystemRoots string `json:"system_roots"`
+}
+
+// CABundlePath is where the agent writes the CA bundle: under /tmp, a
+// tmpfs that is writable with a read-only root filesystem, in a directory
+// of its own. The server points SSL_CERT_FILE and the like at it.
+const CABundlePath = "/tmp/.sandbox-mcp/ca-bundle.pem"
+
 // ExecRequest runs one program.
 type ExecRequest struct {
 	// Path is the absolute program to execute; Argv[0] is passed unchanged.
