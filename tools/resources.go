@@ -117,9 +117,9 @@ func registerResources(s *mcp.Server, d *Deps) {
 		}
 		size := st.Size()
 		record := struct {
-			session.SnapshotInfo
+			snapshot.Info
 			Hint string `json:"hint,omitempty"`
-		}{SnapshotInfo: info}
+		}{Info: info}
 		if size > d.Policy.MaxFileBytes {
 			record.Hint = fmt.Sprintf("The tar archive (%d bytes) was left out: it is larger than this server's file cap (--max-file-bytes %d). "+
 				"Restore it into a sandbox with sandbox_restore and read the files you need there, or ask the operator to run `sandbox-mcp snapshot export %s DIR` on the server.",
