@@ -50,6 +50,10 @@ type server struct {
 	mu    sync.Mutex
 	calls map[uint64]*call
 
+	// root is Serve's context: background jobs live as long as it does.
+	root context.Context
+	jobs *jobTable
+
 	lastFrame atomic.Int64 // unix nanos of the last frame received
 	leaseTTL  atomic.Int64 // nanos; 0 = no lease
 	wg        sync.WaitGroup
@@ -100,6 +104,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		groups: groups,
 		w:      agentproto.NewWriter(out),
 		calls:  make(map[uint64]*call),
+		jobs:   newJobTable(),
 	}
 	s.lastFrame.Store(time.Now().UnixNano())
 
@@ -116,6 +121,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	s.root = ctx
 	go s.watchLease(ctx, cancel)
 
 	frames := make(chan agentproto.Frame)
@@ -176,8 +182,8 @@ func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc)
 	}
 }
 
-// stopAll cancels every request in flight and waits for them to finish, so
-// every command's processes are killed before the agent returns.
+// stopAll cancels every request in flight, waits for them to finish and
+// kills every job's processes, so nothing the agent started outlives it.
 func (s *server) stopAll() {
 	s.mu.Lock()
 	for _, c := range s.calls {
@@ -188,6 +194,7 @@ func (s *server) stopAll() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.jobs.killAll()
 }
 
 func (s *server) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
@@ -246,6 +253,16 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		var req agentproto.ExecRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
 			s.exec(ctx, c, req)
+		})
+	case agentproto.KindJob:
+		var req agentproto.JobRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			s.jobOp(ctx, c, req)
+		})
+	case agentproto.KindJobs:
+		var req agentproto.JobsRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			s.listJobs(c)
 		})
 	case agentproto.KindRead:
 		var req agentproto.ReadRequest
@@ -314,6 +331,12 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
 			dst := &chunkWriter{s: s, id: c.id, ctx: ctx}
 			res, err := s.ws.Snapshot(dst, req.Limits)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindSetup:
+		var req agentproto.SetupRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.setup(req)
 			s.finish(c.id, res, err)
 		})
 	case agentproto.KindRestore:

@@ -24,11 +24,25 @@ var samples = map[string]any{
 		UIDs: [3]int{0, 1000, 0}, GIDs: [3]int{0, 1000, 0}, CommandUID: 1000, CommandGID: 1000,
 		CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
 	},
-	"lease": Lease{TTLMillis: 60_000},
+	"lease":         Lease{TTLMillis: 60_000},
+	"setup_request": SetupRequest{CACerts: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
+	"setup_result":  SetupResult{CABundle: CABundlePath, SystemRoots: "/etc/ssl/certs/ca-certificates.crt"},
 	"exec_request": ExecRequest{
 		Path: "/bin/ls", Argv: []string{"ls", "-l"}, Cwd: "src", Env: []string{"A=1"},
 		TimeoutMillis: 60_000, MaxOutput: 32 << 10, Stdin: true,
+		Job: 4, Label: "ls -l", Background: true, KeepOutput: 1 << 20, MaxJobs: 8,
 	},
+	"job_request": JobRequest{
+		Job: 4, Stdin: []byte("hi\n"), CloseStdin: true, Signal: "TERM", WaitMillis: 1000,
+		StdoutOffset: -1, StderrOffset: 100, Max: 32 << 10,
+	},
+	"job_status": JobStatus{
+		Job: 4, Label: "ls -l", State: JobKilled, ExitCode: 143, Signal: "SIGTERM", TimedOut: true,
+		StartedUnixMilli: 1_796_000_000_000, StdoutFrom: 10, StderrFrom: 20, StdoutBytes: 2000, StderrBytes: 30,
+		StdoutDropped: 5, StderrDropped: 6, Killed: 2,
+	},
+	"jobs_request": JobsRequest{},
+	"job_list":     JobList{Jobs: []JobStatus{{Job: 4, Label: "sleep 9", State: JobRunning}}},
 	"exec_result": ExecResult{
 		ExitCode: 137, Signal: "KILL", TimedOut: true, Cancelled: true, StdoutBytes: 10, StderrBytes: 20,
 		Killed: 3, DurationNano: 1_500_000,
@@ -60,7 +74,7 @@ var samples = map[string]any{
 	// The kinds are the wire's vocabulary too.
 	"kinds": []Kind{
 		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
-		KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore,
+		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore, KindSetup,
 		KindData, KindEOF, KindCancel, KindResult, KindError,
 	},
 }

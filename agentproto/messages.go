@@ -34,6 +34,29 @@ type Lease struct {
 	TTLMillis int64 `json:"ttl_ms"`
 }
 
+// SetupRequest prepares the container before any command runs.
+type SetupRequest struct {
+	// CACerts is PEM certificates the sandbox's programs must trust besides
+	// the image's roots: the egress proxy's CA, which signs the
+	// certificates of the hosts whose requests it adds secrets to. Never a
+	// key. The agent writes the image's roots and these to CABundlePath.
+	CACerts string `json:"ca_certs"`
+}
+
+// SetupResult ends a setup.
+type SetupResult struct {
+	// CABundle is the path of the bundle written ("" if CACerts was empty).
+	CABundle string `json:"ca_bundle"`
+	// SystemRoots is the image's root file the bundle starts with, "" if
+	// the image has none (the bundle then holds only CACerts).
+	SystemRoots string `json:"system_roots"`
+}
+
+// CABundlePath is where the agent writes the CA bundle: under /tmp, a
+// tmpfs that is writable with a read-only root filesystem, in a directory
+// of its own. The server points SSL_CERT_FILE and the like at it.
+const CABundlePath = "/tmp/.sandbox-mcp/ca-bundle.pem"
+
 // ExecRequest runs one program.
 type ExecRequest struct {
 	// Path is the absolute program to execute; Argv[0] is passed unchanged.
@@ -54,6 +77,24 @@ type ExecRequest struct {
 	// Stdin is true when data frames with the command's stdin follow.
 	// Otherwise stdin is empty.
 	Stdin bool `json:"stdin,omitempty"`
+
+	// Job names the job the command runs as: an id the server picks, unique
+	// on the connection, that JobRequest uses later. 0 keeps no job.
+	Job uint64 `json:"job,omitempty"`
+	// Label is how the job is listed (the command as the model wrote it).
+	Label string `json:"label,omitempty"`
+	// Background answers at once with KindResult and a JobStatus; the
+	// output is only kept, never streamed. The command's stdin stays open
+	// after the data frames, until a JobRequest closes it.
+	Background bool `json:"background,omitempty"`
+	// KeepOutput is the number of bytes per stream the agent keeps for
+	// JobRequest reads, the oldest dropped first. 0 keeps nothing.
+	KeepOutput int64 `json:"keep_output,omitempty"`
+	// MaxJobs is the most jobs that may run at once: a request past it is
+	// refused with BUSY. The agent also keeps at most MaxJobs ended jobs,
+	// the oldest dropped first. 0 means no limit on running jobs and the
+	// default number of ended jobs kept.
+	MaxJobs int `json:"max_jobs,omitempty"`
 }
 
 // ExecResult ends an exec.
@@ -76,6 +117,74 @@ type ExecResult struct {
 
 // Duration returns the command's run time.
 func (r ExecResult) Duration() time.Duration { return time.Duration(r.DurationNano) }
+
+// Job states.
+const (
+	JobRunning = "running" // the command's process has not ended
+	JobExited  = "exited"  // it ended by itself with an exit code
+	JobKilled  = "killed"  // a signal ended it
+)
+
+// JobRequest acts on a job and reads its output. The steps run in order:
+// write Stdin, close stdin, send Signal, wait, read. The agent answers with
+// stdout and stderr frames, then KindResult with a JobStatus.
+type JobRequest struct {
+	Job uint64 `json:"job"`
+	// Stdin is written to the job's standard input; the agent waits a
+	// bounded time for the command to take it.
+	Stdin      []byte `json:"stdin,omitempty"`
+	CloseStdin bool   `json:"close_stdin,omitempty"`
+	// Signal is INT, TERM, HUP (sent to every process of the job) or KILL
+	// (the job's whole tree is killed).
+	Signal string `json:"signal,omitempty"`
+	// WaitMillis waits up to this long for output past the read offsets, or
+	// for the job to end. 0 does not wait.
+	WaitMillis int64 `json:"wait_ms,omitempty"`
+	// StdoutOffset and StderrOffset are where each stream's read starts, in
+	// bytes of everything the stream carried; -1 starts where the last
+	// read of that stream (or the exec's live output) ended.
+	StdoutOffset int64 `json:"stdout_offset"`
+	StderrOffset int64 `json:"stderr_offset"`
+	// Max bounds the bytes sent back, both streams together.
+	Max int64 `json:"max"`
+}
+
+// JobStatus is a job's state, the terminal body of a background exec, of a
+// JobRequest and, in a list, of a JobsRequest.
+type JobStatus struct {
+	Job   uint64 `json:"job"`
+	Label string `json:"label"`
+	State string `json:"state"` // JobRunning, JobExited or JobKilled
+	// ExitCode and Signal are as in ExecResult, once the job ended.
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	// StartedUnixMilli is when the job started.
+	StartedUnixMilli int64 `json:"started_unix_ms"`
+	// StdoutFrom and StderrFrom are the offsets where the output sent with
+	// this status begins (the request's offsets, moved up past dropped
+	// bytes).
+	StdoutFrom int64 `json:"stdout_from"`
+	StderrFrom int64 `json:"stderr_from"`
+	// StdoutBytes and StderrBytes count everything each stream carried.
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// StdoutDropped and StderrDropped count the oldest bytes no longer
+	// kept (past KeepOutput).
+	StdoutDropped int64 `json:"stdout_dropped"`
+	StderrDropped int64 `json:"stderr_dropped"`
+	// Killed counts the processes killed by a KILL signal.
+	Killed int `json:"killed,omitempty"`
+}
+
+// JobsRequest lists the jobs the agent keeps. It has no fields; the agent
+// answers with KindResult and a JobList.
+type JobsRequest struct{}
+
+// JobList holds the jobs the agent keeps, oldest first.
+type JobList struct {
+	Jobs []JobStatus `json:"jobs"`
+}
 
 // ReadRequest reads part of a regular file: a byte range (Offset, Length),
 // or, when StartLine is set, a range of lines.

@@ -14,7 +14,7 @@ func TestDefaultIsValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := Default()
-	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 1<<20 || p.MaxWorkspaceBytes != 512<<20 ||
+	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 32<<10 || p.MaxWorkspaceBytes != 512<<20 ||
 		p.ExecTimeout != time.Minute || p.MaxExecTimeout != 10*time.Minute || p.Memory != 1<<30 || p.CPUs != 1 || p.Pids != 256 || p.Network != NetworkNone {
 		t.Fatalf("defaults differ from SPEC §3: %+v", p)
 	}
@@ -37,7 +37,8 @@ func TestValidate(t *testing.T) {
 		{"tiny memory", func(p *Policy) { p.Memory = 1 << 20 }, "--memory"},
 		{"no cpus", func(p *Policy) { p.CPUs = 0 }, "--cpus"},
 		{"few pids", func(p *Policy) { p.Pids = 3 }, "--pids"},
-		{"no execs", func(p *Policy) { p.MaxExecs = 0 }, "--max-execs"},
+		{"no jobs", func(p *Policy) { p.MaxExecs = 0 }, "--max-jobs"},
+		{"job output below the result cap", func(p *Policy) { p.MaxJobOutputBytes = 1 << 10 }, "--max-job-output-bytes"},
 		{"hosts without network", func(p *Policy) { p.AllowHosts = []string{"example.com"} }, "--network=allowlist"},
 		{"unknown network", func(p *Policy) { p.Network = "bridge" }, "use none or allowlist"},
 	} {

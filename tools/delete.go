@@ -27,7 +27,7 @@ type DeleteOut struct {
 }
 
 func deleteDef(p policy.Policy) *mcp.Tool {
-	desc := "Delete a file, symlink (not its target) or directory in /workspace: use this rather than exec rm (it also works where exec is denied). " +
+	desc := "Use it to delete a file, symlink (not its target) or directory rather than rm in sandbox_exec; it works where exec is denied. " +
 		"A directory that is not empty needs recursive=true. Symlinks are never followed."
 	if p.ReadOnly {
 		desc += " This server's workspace is read-only: every delete is refused."

@@ -31,7 +31,7 @@ type EditOut struct {
 }
 
 func editDef(p policy.Policy) *mcp.Tool {
-	desc := "Change part of a file: use this rather than exec with sed or rewriting the whole file. " +
+	desc := "Use it to change part of a file rather than sed in sandbox_exec or rewriting the whole file. " +
 		"Replaces old_string (exact text, whitespace included, found exactly once unless replace_all) with new_string; the file's mode is kept. " +
 		"An empty old_string on a missing file creates it."
 	if p.ReadOnly {

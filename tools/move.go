@@ -28,7 +28,7 @@ type MoveOut struct {
 }
 
 func moveDef(p policy.Policy) *mcp.Tool {
-	desc := "Rename or move a file, symlink or directory within /workspace: use this rather than exec mv (it also works where exec is denied). " +
+	desc := "Use it to rename or move a file, symlink or directory within /workspace rather than mv in sandbox_exec; it works where exec is denied. " +
 		"An existing destination is replaced only with overwrite=true. Symlinks on either path are never followed."
 	if p.ReadOnly {
 		desc += " This server's workspace is read-only: every move is refused."

@@ -94,7 +94,7 @@ func TestToolsAsData(t *testing.T) {
 			if !a.ReadOnlyHint || a.OpenWorldHint == nil || *a.OpenWorldHint {
 				t.Errorf("%s: want readOnlyHint and a closed world, got %+v", tool.Name, a)
 			}
-		case NameWriteFile, NameExec, NameEditFile, NameDelete, NameMove:
+		case NameWriteFile, NameExec, NameJob, NameEditFile, NameDelete, NameMove:
 			if a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint {
 				t.Errorf("%s: want destructiveHint, got %+v", tool.Name, a)
 			}
@@ -124,7 +124,7 @@ func TestToolsAsData(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	want := []string{NameDelete, NameEditFile, NameExec, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameViewImage, NameWriteFile}
+	want := []string{NameDelete, NameEditFile, NameExec, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameViewImage, NameWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools = %v, want %v", names, want)
 	}

@@ -27,7 +27,7 @@ func viewImageDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameViewImage,
 		Title: "Look at an image in the sandbox",
-		Description: "Look at an image file (PNG, JPEG, GIF or WebP) in /workspace, such as a plot a program made: use this rather than reading its bytes. " +
+		Description: "Use it to look at an image (PNG, JPEG, GIF or WebP), such as a plot a program made, rather than reading its bytes with sandbox_exec or sandbox_read_file. " +
 			"Returns the picture itself.",
 		InputSchema: inputSchema[ViewImageIn](nil),
 		// No output schema: a result with structured content would hide

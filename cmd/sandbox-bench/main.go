@@ -124,6 +124,7 @@ func (b *bench) run(ctx context.Context) error {
 		{"32 sessions × 50 execs", b.concurrent},
 		{"memory per idle session", b.memory},
 		{"proxy", b.proxy},
+		{"secrets", b.secrets},
 	}
 	for _, s := range steps {
 		if !b.selected(s.name) {
