@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -332,4 +333,44 @@ func lastCert(bundle string) string {
 		return ""
 	}
 	return bundle[i:]
+}
+
+// TestSecretsWithPackageManagers: pip with the placeholder in its index
+// URL's user info, and npm with it as the registry's auth token, install
+// from an index that gets the real value; the packages run.
+func TestSecretsWithPackageManagers(t *testing.T) {
+	ix := startPackageIndex(t)
+	host, _, _ := net.SplitHostPort(ix.host)
+	caFile := filepath.Join(t.TempDir(), "ix.pem")
+	os.WriteFile(caFile, []byte(ix.caPEM), 0o644)
+	s := startServer(t, serverOpts{image: testenv.DefaultImage(t), args: append([]string{
+		"--network", "allowlist", "--allow-host", ix.host, "--allow-private-networks",
+		"--secret", "INDEX_TOKEN@" + host}, toolboxArgs...),
+		env: []string{"INDEX_TOKEN=" + secretValue, "SSL_CERT_FILE=" + caFile}})
+
+	out := s.run(fmt.Sprintf(`pip install --index-url "https://__token__:$INDEX_TOKEN@%s/simple/" sandbox-mcp-probe && python3 -c 'import sandbox_mcp_probe as p; print(p.VALUE)'`, ix.host), nil, 5*time.Minute)
+	if !strings.Contains(out["stdout"].(string), ix.token) {
+		t.Errorf("pip: the package did not run:\n%s\n%s", out["stdout"], out["stderr"])
+	}
+	if !ix.sawAuth("Basic " + base64.StdEncoding.EncodeToString([]byte("__token__:"+secretValue))) {
+		t.Errorf("pip: the index never got the real value as Basic credentials")
+	}
+	out = s.run(fmt.Sprintf(`npm config set "//%s/npm/:_authToken" "$INDEX_TOKEN" && mkdir app && cd app && npm install --no-audit --no-fund --registry https://%s/npm/ sandbox-mcp-probe && node -e 'console.log(require("sandbox-mcp-probe"))'`, ix.host, ix.host), nil, 5*time.Minute)
+	if !strings.Contains(out["stdout"].(string), ix.token) {
+		t.Errorf("npm: the package did not run:\n%s\n%s", out["stdout"], out["stderr"])
+	}
+	if !ix.sawAuth("Bearer " + secretValue) {
+		t.Errorf("npm: the index never got the real value as a bearer token")
+	}
+	ix.mu.Lock()
+	auths := slices.Clone(ix.auth)
+	ix.mu.Unlock()
+	for _, a := range auths {
+		if strings.Contains(a, "sbx-secret-") {
+			t.Errorf("the index got a placeholder: %q", a)
+		}
+	}
+	if strings.Contains(s.stderr.String(), secretValue) {
+		t.Error("the server's log holds the value")
+	}
 }
