@@ -181,6 +181,21 @@ except Exception as e:
     print("handshake failed:", e)
 `
 
+// nodeConnect fetches /node from host:port (argv) through HTTPS_PROXY
+// with the token from the environment, and prints the response body.
+const nodeConnect = `const http = require("http"), tls = require("tls");
+const proxy = new URL(process.env.HTTPS_PROXY), target = process.argv[2];
+http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT", path: target}).on("connect", (res, sock) => {
+  const s = tls.connect({socket: sock, servername: target.split(":")[0]}, () => {
+    s.write("GET /node HTTP/1.1\r\nHost: " + target + "\r\nAuthorization: Bearer " + process.env.TOKEN + "\r\nConnection: close\r\n\r\n");
+  });
+  let data = "";
+  s.on("data", c => data += c);
+  s.on("end", () => console.log(data.split("\r\n\r\n")[1]));
+  s.on("error", e => { console.log("error", e.message); process.exit(1); });
+}).end();
+`
+
 // TestSecretsThroughTheProxy runs the built server with --secret on the
 // default image: curl, git and python's urllib in the sandbox use the
 // placeholder, the upstream gets the real value, and the value is nowhere
@@ -238,6 +253,13 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 	out, stderr, rc = exec(fmt.Sprintf(`python3 -c 'import os, urllib.request as u; r = u.Request("https://%s/py", headers={"Authorization": "token " + os.environ["TOKEN"]}); print(u.urlopen(r, timeout=20).read().decode())'`, hp(good.port)))
 	if rc != 0 || strings.TrimSpace(out) != "auth-sha256="+sha("token "+secretValue) {
 		t.Errorf("python urllib: rc %v, %q %q", rc, out, stderr)
+	}
+	// node, whose https ignores HTTPS_PROXY: a CONNECT by hand, and TLS that
+	// trusts the proxy's CA through NODE_EXTRA_CA_CERTS alone.
+	s.ok("sandbox_write_file", map[string]any{"path": "connect.js", "content": nodeConnect})
+	out, stderr, rc = exec(fmt.Sprintf(`node /workspace/connect.js %s`, hp(good.port)))
+	if rc != 0 || strings.TrimSpace(out) != "auth-sha256="+sha("Bearer "+secretValue) {
+		t.Errorf("node: rc %v, %q %q", rc, out, stderr)
 	}
 	// git over https with the placeholder as the URL's password (Basic).
 	out, stderr, rc = exec(fmt.Sprintf(`cd /workspace && git clone -q "https://x:$TOKEN@%s/git/repo.git" clone && git -C clone log --format=%%s`, hp(good.port)))
