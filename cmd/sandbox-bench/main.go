@@ -36,11 +36,18 @@ func main() {
 	out := flag.String("out", "docs/bench", "`dir`ectory for results.json, results.md and latency.png")
 	scale := flag.Float64("scale", 1, "multiply every repetition count by this (0.2 for a quick look)")
 	readme := flag.String("readme", "", "`file` whose block between the bench markers gets the new table (README.md)")
+	only := flag.String("only", "", "comma `list` of measures to run (first, warm, idle, files, concurrent, memory, proxy); default all")
 	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	b := &bench{bin: *bin, image: *img, scale: *scale, log: log}
+	if *only != "" {
+		b.only = map[string]bool{}
+		for _, k := range strings.Split(*only, ",") {
+			b.only[strings.TrimSpace(k)] = true
+		}
+	}
 	if err := b.run(context.Background()); err != nil {
 		log.Error("bench failed", "err", err)
 		os.Exit(1)
@@ -64,6 +71,7 @@ type bench struct {
 	image string
 	scale float64
 	log   *slog.Logger
+	only  map[string]bool // the measures to run, by key; nil runs all
 
 	Machine Machine  `json:"machine"`
 	Rows    []Row    `json:"rows"`
@@ -113,17 +121,21 @@ func (b *bench) run(ctx context.Context) error {
 	start := time.Now()
 	b.Machine = machine(b.image)
 	steps := []struct {
-		name string
-		fn   func(context.Context) error
+		key, name string
+		fn        func(context.Context) error
 	}{
-		{"first exec of a new session", b.firstExec},
-		{"warm exec", b.warmExec},
-		{"1 MiB read and write", b.fileIO},
-		{"32 sessions × 50 execs", b.concurrent},
-		{"memory per idle session", b.memory},
-		{"proxy", b.proxy},
+		{"first", "first exec of a new session", b.firstExec},
+		{"warm", "warm exec", b.warmExec},
+		{"idle", "warm exec after 1 s idle", b.idleExec},
+		{"files", "1 MiB read and write", b.fileIO},
+		{"concurrent", "32 sessions × 50 execs", b.concurrent},
+		{"memory", "memory per idle session", b.memory},
+		{"proxy", "proxy", b.proxy},
 	}
 	for _, s := range steps {
+		if b.only != nil && !b.only[s.key] {
+			continue
+		}
 		b.log.Info("bench: " + s.name)
 		if err := s.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
