@@ -268,7 +268,36 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		var req agentproto.ReadRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
 			dst := &chunkWriter{s: s, id: c.id}
-			res, err := s.ws.ReadFile(req.Path, req.Offset, req.Length, req.Max, dst)
+			var res agentproto.ReadResult
+			var err error
+			if req.StartLine > 0 {
+				if req.Offset != 0 || req.Length != 0 {
+					err = errcode.Errorf(errcode.InvalidArgument, "read %q: give lines or a byte range, not both", req.Path)
+				} else {
+					res, err = s.ws.ReadLines(req.Path, req.StartLine, req.EndLine, req.Max, dst)
+				}
+			} else {
+				res, err = s.ws.ReadFile(req.Path, req.Offset, req.Length, req.Max, dst)
+			}
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindEdit:
+		var req agentproto.EditRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.EditFile(req.Path, c.in, req.OldSize, req.NewSize, req.ReplaceAll, req.MaxFile)
+			c.in.abort(err)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindDelete:
+		var req agentproto.DeleteRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.Delete(req.Path, req.Recursive)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindMove:
+		var req agentproto.MoveRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.Move(req.From, req.To, req.Overwrite)
 			s.finish(c.id, res, err)
 		})
 	case agentproto.KindWrite:
@@ -304,6 +333,12 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 			res, err := s.ws.Snapshot(dst, req.Limits)
 			s.finish(c.id, res, err)
 		})
+	case agentproto.KindSetup:
+		var req agentproto.SetupRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.setup(req)
+			s.finish(c.id, res, err)
+		})
 	case agentproto.KindRestore:
 		var req agentproto.RestoreRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
@@ -328,7 +363,7 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 	switch r := req.(type) {
 	case *agentproto.ExecRequest:
 		withInput = r.Stdin
-	case *agentproto.WriteRequest, *agentproto.RestoreRequest:
+	case *agentproto.WriteRequest, *agentproto.EditRequest, *agentproto.RestoreRequest:
 		withInput = true
 	}
 	cctx, cancel := context.WithCancel(ctx)

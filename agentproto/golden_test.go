@@ -24,7 +24,9 @@ var samples = map[string]any{
 		UIDs: [3]int{0, 1000, 0}, GIDs: [3]int{0, 1000, 0}, CommandUID: 1000, CommandGID: 1000,
 		CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
 	},
-	"lease": Lease{TTLMillis: 60_000},
+	"lease":         Lease{TTLMillis: 60_000},
+	"setup_request": SetupRequest{CACerts: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
+	"setup_result":  SetupResult{CABundle: CABundlePath, SystemRoots: "/etc/ssl/certs/ca-certificates.crt"},
 	"exec_request": ExecRequest{
 		Path: "/bin/ls", Argv: []string{"ls", "-l"}, Cwd: "src", Env: []string{"A=1"},
 		TimeoutMillis: 60_000, MaxOutput: 32 << 10, Stdin: true,
@@ -45,11 +47,17 @@ var samples = map[string]any{
 		ExitCode: 137, Signal: "KILL", TimedOut: true, Cancelled: true, StdoutBytes: 10, StderrBytes: 20,
 		Killed: 3, DurationNano: 1_500_000,
 	},
-	"read_request":  ReadRequest{Path: "a.txt", Offset: 10, Length: 100, Max: 8 << 20},
-	"read_result":   ReadResult{Size: 1000, Truncated: true},
-	"write_request": WriteRequest{Path: "a.txt", Append: true, Mode: 0o644, Size: 12},
-	"write_result":  WriteResult{Written: 12, Size: 24},
-	"list_request":  ListRequest{Path: "src", Recursive: true, Max: 1000},
+	"read_request":   ReadRequest{Path: "a.txt", Offset: 10, Length: 100, Max: 8 << 20, StartLine: 3, EndLine: 9},
+	"read_result":    ReadResult{Size: 1000, Truncated: true, Offset: 120, StartLine: 3, EndLine: 9, TotalLines: 40},
+	"edit_request":   EditRequest{Path: "a.txt", OldSize: 3, NewSize: 4, ReplaceAll: true, MaxFile: 8 << 20},
+	"edit_result":    EditResult{Replacements: 2, Size: 26, Created: true},
+	"delete_request": DeleteRequest{Path: "build", Recursive: true},
+	"delete_result":  DeleteResult{Deleted: 12, Type: TypeDir},
+	"move_request":   MoveRequest{From: "a.txt", To: "src/", Overwrite: true},
+	"move_result":    MoveResult{To: "src/a.txt", Type: TypeFile},
+	"write_request":  WriteRequest{Path: "a.txt", Append: true, Mode: 0o644, Size: 12},
+	"write_result":   WriteResult{Written: 12, Size: 24},
+	"list_request":   ListRequest{Path: "src", Recursive: true, Max: 1000},
 	"list_entry": Entry{
 		Path: "src/link", Type: TypeSymlink, Size: 3, Mode: 0o777,
 		MTime: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), Target: "../a.txt",
@@ -66,7 +74,7 @@ var samples = map[string]any{
 	// The kinds are the wire's vocabulary too.
 	"kinds": []Kind{
 		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
-		KindJob, KindJobs, KindRead, KindWrite, KindList, KindResolve, KindSnapshot, KindRestore,
+		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore, KindSetup,
 		KindData, KindEOF, KindCancel, KindResult, KindError,
 	},
 }

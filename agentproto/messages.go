@@ -34,6 +34,29 @@ type Lease struct {
 	TTLMillis int64 `json:"ttl_ms"`
 }
 
+// SetupRequest prepares the container before any command runs.
+type SetupRequest struct {
+	// CACerts is PEM certificates the sandbox's programs must trust besides
+	// the image's roots: the egress proxy's CA, which signs the
+	// certificates of the hosts whose requests it adds secrets to. Never a
+	// key. The agent writes the image's roots and these to CABundlePath.
+	CACerts string `json:"ca_certs"`
+}
+
+// SetupResult ends a setup.
+type SetupResult struct {
+	// CABundle is the path of the bundle written ("" if CACerts was empty).
+	CABundle string `json:"ca_bundle"`
+	// SystemRoots is the image's root file the bundle starts with, "" if
+	// the image has none (the bundle then holds only CACerts).
+	SystemRoots string `json:"system_roots"`
+}
+
+// CABundlePath is where the agent writes the CA bundle: under /tmp, a
+// tmpfs that is writable with a read-only root filesystem, in a directory
+// of its own. The server points SSL_CERT_FILE and the like at it.
+const CABundlePath = "/tmp/.sandbox-mcp/ca-bundle.pem"
+
 // ExecRequest runs one program.
 type ExecRequest struct {
 	// Path is the absolute program to execute; Argv[0] is passed unchanged.
@@ -163,7 +186,8 @@ type JobList struct {
 	Jobs []JobStatus `json:"jobs"`
 }
 
-// ReadRequest reads part of a regular file.
+// ReadRequest reads part of a regular file: a byte range (Offset, Length),
+// or, when StartLine is set, a range of lines.
 type ReadRequest struct {
 	Path   string `json:"path"`
 	Offset int64  `json:"offset"`
@@ -171,12 +195,26 @@ type ReadRequest struct {
 	Length int64 `json:"length"`
 	// Max caps the bytes sent back.
 	Max int64 `json:"max"`
+	// StartLine, if not 0, asks for lines StartLine to EndLine (1-based,
+	// inclusive; EndLine 0 means to the end of the file) instead of a byte
+	// range; Offset and Length must then be 0. Lines end with "\n".
+	StartLine int64 `json:"start_line,omitempty"`
+	EndLine   int64 `json:"end_line,omitempty"`
 }
 
 // ReadResult ends a read. The content came in the data frames before it.
 type ReadResult struct {
 	Size      int64 `json:"size"` // size of the whole file
 	Truncated bool  `json:"truncated"`
+	// Offset is the byte of the file the content starts at (a line read's
+	// first line; a byte read's Offset).
+	Offset int64 `json:"offset,omitempty"`
+	// For a line read: the first and the last line in the content (the
+	// last may be cut, when Max stopped inside it), and the number of lines
+	// in the file.
+	StartLine  int64 `json:"start_line,omitempty"`
+	EndLine    int64 `json:"end_line,omitempty"`
+	TotalLines int64 `json:"total_lines,omitempty"`
 }
 
 // WriteRequest writes a regular file from the data frames that follow.
@@ -192,6 +230,52 @@ type WriteRequest struct {
 type WriteResult struct {
 	Written int64 `json:"written"`
 	Size    int64 `json:"size"` // size of the file afterwards
+}
+
+// EditRequest replaces text in a regular file. The data frames that follow
+// carry OldSize bytes of the text to find, then NewSize bytes of its
+// replacement, then eof.
+type EditRequest struct {
+	Path       string `json:"path"`
+	OldSize    int64  `json:"old_size"`
+	NewSize    int64  `json:"new_size"`
+	ReplaceAll bool   `json:"replace_all"`
+	// MaxFile is the largest file the edit reads or leaves behind.
+	MaxFile int64 `json:"max_file"`
+}
+
+// EditResult ends an edit.
+type EditResult struct {
+	Replacements int   `json:"replacements"`
+	Size         int64 `json:"size"`    // size of the file afterwards
+	Created      bool  `json:"created"` // the file did not exist (empty old text)
+}
+
+// DeleteRequest removes a file, a symlink (not its target) or a directory.
+type DeleteRequest struct {
+	Path string `json:"path"`
+	// Recursive is needed to remove a directory that is not empty.
+	Recursive bool `json:"recursive"`
+}
+
+// DeleteResult ends a delete.
+type DeleteResult struct {
+	Deleted int64  `json:"deleted"` // entries removed, the path itself included
+	Type    string `json:"type"`    // what the path was: file, dir, symlink or other
+}
+
+// MoveRequest renames From to To inside the workspace.
+type MoveRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+	// Overwrite lets the move replace an existing To.
+	Overwrite bool `json:"overwrite"`
+}
+
+// MoveResult ends a move.
+type MoveResult struct {
+	To   string `json:"to"`   // the destination, normalised (a To ending in "/" gets From's name)
+	Type string `json:"type"` // what was moved: file, dir, symlink or other
 }
 
 // ListRequest lists a directory.

@@ -328,3 +328,47 @@ func TestArgvAndEnvSizes(t *testing.T) {
 		t.Fatalf("a huge bad name: %d bytes of reason", len(d.Reason))
 	}
 }
+
+func TestCheckLines(t *testing.T) {
+	cases := []struct {
+		off, length, start, end int64
+		lines                   bool
+		code                    errcode.Code
+	}{
+		{0, 0, 0, 0, false, ""},
+		{5, 10, 0, 0, false, ""},
+		{0, 0, 1, 0, true, ""},
+		{0, 0, 0, 7, true, ""}, // end alone: from line 1
+		{0, 0, 3, 3, true, ""},
+		{0, 0, 3, 2, false, errcode.InvalidArgument},
+		{0, 0, -1, 0, false, errcode.InvalidArgument},
+		{4, 0, 1, 0, false, errcode.InvalidArgument},
+		{0, 4, 1, 2, false, errcode.InvalidArgument},
+	}
+	for _, tc := range cases {
+		lines, d := CheckLines(tc.off, tc.length, tc.start, tc.end)
+		if lines != tc.lines || d.Code != tc.code || d.Allow != (tc.code == "") {
+			t.Errorf("CheckLines(%d, %d, %d, %d) = %v, %+v", tc.off, tc.length, tc.start, tc.end, lines, d)
+		}
+	}
+}
+
+func TestCheckRenamableAndEdit(t *testing.T) {
+	for _, root := range []string{".", "a/..", "./"} {
+		if d := CheckRenamable(root); d.Allow || d.Code != errcode.InvalidArgument {
+			t.Errorf("CheckRenamable(%q) = %+v", root, d)
+		}
+	}
+	for _, ok := range []string{"a", "a/b/", "a/../b"} {
+		if d := CheckRenamable(ok); !d.Allow {
+			t.Errorf("CheckRenamable(%q) = %+v", ok, d)
+		}
+	}
+	p := Default()
+	if d := p.CheckEdit(int(p.MaxFileBytes), 0); !d.Allow {
+		t.Errorf("an old_string of the cap is refused: %+v", d)
+	}
+	if d := p.CheckEdit(0, int(p.MaxFileBytes)+1); d.Allow || d.Code != errcode.TooLarge {
+		t.Errorf("a new_string past the cap: %+v", d)
+	}
+}

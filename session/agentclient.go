@@ -275,6 +275,11 @@ type ReadResult struct {
 	Data      []byte
 	Size      int64
 	Truncated bool
+	// Offset is the byte of the file Data starts at.
+	Offset int64
+	// For a line read (ReadLines): the first and last line in Data (the
+	// last may be cut short when Truncated) and the lines in the file.
+	StartLine, EndLine, TotalLines int64
 }
 
 // readFile reads up to maxBytes of a file (and no more than length, when
@@ -283,14 +288,18 @@ type ReadResult struct {
 // read may return; so a small read does not allocate the cap, and a large
 // one is not copied again and again as a doubling buffer would be.
 func (c *conn) readFile(ctx context.Context, path string, offset, length, maxBytes int64) (ReadResult, error) {
+	return c.read(ctx, agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes})
+}
+
+// read is readFile for any read request, a byte range or lines.
+func (c *conn) read(ctx context.Context, req agentproto.ReadRequest) (ReadResult, error) {
 	var res ReadResult
-	limit := maxBytes
-	if length > 0 && length < limit {
-		limit = length
+	limit := req.Max
+	if req.Length > 0 && req.Length < limit {
+		limit = req.Length
 	}
 	buf := make([]byte, 0, min(limit, agentproto.ChunkSize))
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead,
-		agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes}, nil,
+	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead, req, nil,
 		func(p []byte) error {
 			if int64(len(buf)+len(p)) > limit {
 				return fmt.Errorf("%w: read returned more than the %d bytes asked for", errProtocol, limit)
@@ -308,7 +317,12 @@ func (c *conn) readFile(ctx context.Context, path string, offset, length, maxByt
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
-			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated}
+			if r.Offset < 0 || r.StartLine < 0 || r.EndLine < 0 || r.TotalLines < 0 || r.EndLine > r.TotalLines ||
+				(req.StartLine == 0 && r.Offset != req.Offset) {
+				return fmt.Errorf("%w: read result out of bounds: %+v", errProtocol, r)
+			}
+			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated,
+				Offset: r.Offset, StartLine: r.StartLine, EndLine: r.EndLine, TotalLines: r.TotalLines}
 			return nil
 		})
 	return res, err

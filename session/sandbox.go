@@ -68,7 +68,7 @@ func (s *Sandbox) begin(ctx context.Context) (context.Context, func()) {
 	s.lastUsed.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() {
-		cancel(errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed"))
+		cancel(sessionEnded())
 	})
 	return ctx, func() {
 		stop()
@@ -149,6 +149,11 @@ func (s *Sandbox) nextStart() string {
 // failed notes that a call saw the container go away, so the model is told
 // (here, with what happens next) and the next call starts afresh.
 func (s *Sandbox) failed(inst *instance, err error) error {
+	if err != nil && s.ctx.Err() != nil {
+		// The sandbox went with its session: whatever broke the call
+		// (its container removed under it), there is no next call here.
+		return sessionEnded()
+	}
 	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.err() != nil {
 		if inst.reported.Swap(true) {
 			return err
@@ -162,6 +167,13 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost and its jobs ended. Call again: %s", s.id, inst.conn.err(), next)
 	}
 	return err
+}
+
+// sessionEnded is the error of a call whose sandbox was removed with its
+// session (an HTTP DELETE, the server stopping) while it ran.
+func sessionEnded() error {
+	return errcode.Errorf(errcode.Unavailable, "the session ended while this call ran, and its sandbox was removed with every process in it; "+
+		"calling again in this session cannot help: start a new session")
 }
 
 // Exec runs a command. A command that ends by itself is a result whatever

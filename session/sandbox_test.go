@@ -389,3 +389,33 @@ func TestMaxSandboxes(t *testing.T) {
 		t.Fatalf("after a release: %v", err)
 	}
 }
+
+// TestReleaseSoonTellsCallsTheSessionEnded: a call in flight when its
+// session ends (an HTTP DELETE) is told the session ended, not to call
+// again: there is no next call in that session.
+func TestReleaseSoonTellsCallsTheSessionEnded(t *testing.T) {
+	for round := range 3 {
+		m := testManager(t, nil)
+		sb := newSandbox(t, m)
+		run(t, sb, "true")
+		done := make(chan error, 1)
+		go func() {
+			_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sleep", "60"}, Cwd: ".", Timeout: time.Minute, MaxOutput: 1024})
+			done <- err
+		}()
+		for !strings.Contains(string(sh(t, sb, "ps -o args | grep '[s]leep 60' || true").Stdout), "sleep 60") {
+			time.Sleep(20 * time.Millisecond)
+		}
+		m.ReleaseSoon(t.Name())
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the call in flight did not end")
+		}
+		wantCode(t, err, errcode.Unavailable)
+		if msg := err.Error(); !strings.Contains(msg, "the session ended") || strings.Contains(msg, "Call again") {
+			t.Fatalf("round %d: the call in flight was told %q", round, msg)
+		}
+	}
+}

@@ -55,7 +55,7 @@ type JobEntry struct {
 }
 
 func jobDef(p policy.Policy) *mcp.Tool {
-	desc := "Work with a job that sandbox_exec started (every exec is one; background: true returns at once): read its new output or from stdout_offset/stderr_offset, wait_ms for more or its end, write stdin, close_stdin, send a signal. Without job: list the jobs. " +
+	desc := "Use it when a sandbox_exec ran in the background or its output was cut (every exec is a job): read new output or from stdout_offset/stderr_offset, wait_ms for more or the end, write stdin, close_stdin, send a signal. Without job: list the jobs. " +
 		fmt.Sprintf("Each job keeps the last %d bytes of each stream; jobs end with the session.", p.MaxJobOutputBytes)
 	if p.Exec == policy.ExecDeny {
 		desc += " This server does not run commands, so there are no jobs."

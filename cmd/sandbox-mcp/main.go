@@ -32,6 +32,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
@@ -208,8 +209,10 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 	}
 	// The profile's JSON, read and checked with the configuration.
 	opts.SeccompProfile = cfg.SeccompProfile
+	opts.Secrets = cfg.Secrets
 	if audit != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
+		opts.OnSecretUse = func(u netproxy.SecretUse) { audit.SecretUse(u) }
 	}
 	m, err := session.NewManager(ctx, opts)
 	if err != nil {
@@ -222,18 +225,18 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 // newServer builds the MCP server with every tool and resource; audit, if
 // not nil, gets a record per tool call.
 func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, audit *tools.AuditLog) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
-		Instructions: "Run commands and edit files in an isolated Linux sandbox (one per session). " +
-			"The workspace is /workspace; paths are relative to it. Read sandbox://policy for what this server allows.",
-		Logger:                    log,
-		SupportedProtocolVersions: protocolVersions,
-	})
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	view.Secrets = tools.SecretViews(cfg.Secrets)
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSessions
 		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
 		view.MaxCallsPerCaller = cfg.HTTP.CallsPerCaller()
 	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
+		Instructions:              tools.Instructions(view, image.DefaultTag()),
+		Logger:                    log,
+		SupportedProtocolVersions: protocolVersions,
+	})
 	deps := &tools.Deps{
 		Policy:     cfg.Policy,
 		PolicyView: view,
@@ -303,5 +306,5 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
 		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
-		"seccomp_profile", cfg.SeccompProfileFile)
+		"seccomp_profile", cfg.SeccompProfileFile, "secret", strings.Join(cfg.SecretSpecs, ";"))
 }
