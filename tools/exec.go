@@ -8,12 +8,16 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
+
+// NameExec is the name of the tool that runs a command.
+const NameExec = "sandbox_exec"
 
 // ExecIn is sandbox_exec's input.
 type ExecIn struct {
@@ -35,6 +39,59 @@ type ExecOut struct {
 	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when stderr was longer than the cap and the rest was dropped."`
 	TimedOut        bool   `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
 	DurationMS      int64  `json:"duration_ms" jsonschema:"How long the command ran, in milliseconds."`
+}
+
+func execDef(p policy.Policy) *mcp.Tool {
+	desc := "Run a program in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
+		"argv is the program and its arguments, not a shell line: use [\"bash\", \"-c\", \"...\"] for pipes and redirection. " +
+		"The working directory is /workspace (or cwd, relative to it); files persist between calls for the session's life. " +
+		"A non-zero exit code is a normal result. A command that runs past timeout_ms is killed with every process it started and returns its partial output with timed_out set. " +
+		"Output beyond the cap is dropped (stdout_truncated / stderr_truncated)."
+	switch p.Exec {
+	case policy.ExecAllowlist:
+		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."
+	case policy.ExecDeny:
+		desc += " This server does not run commands; every call is refused."
+	}
+	return &mcp.Tool{
+		Name:         NameExec,
+		Title:        "Run a command in the sandbox",
+		Description:  desc,
+		InputSchema:  execInputSchema(p),
+		OutputSchema: outputSchema[ExecOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Run a command in the sandbox",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(true),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(p.Network != policy.NetworkNone),
+		},
+	}
+}
+
+func execInputSchema(p policy.Policy) *jsonschema.Schema {
+	return inputSchema[ExecIn](func(s *jsonschema.Schema) {
+		argv := s.Properties["argv"]
+		argv.MinItems, argv.MaxItems = intp(1), intp(policy.MaxArgv)
+		argv.Items.MinLength = nil
+		env := s.Properties["env"]
+		env.PropertyNames = &jsonschema.Schema{Type: "string", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`}
+		to := s.Properties["timeout_ms"]
+		to.Minimum = new(float64(0))
+		to.Maximum = new(float64(p.MaxExecTimeout.Milliseconds()))
+		to.Description += fmt.Sprintf(" Default %d, at most %d.", p.ExecTimeout.Milliseconds(), p.MaxExecTimeout.Milliseconds())
+	})
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ", "
+		}
+		out += v
+	}
+	return out
 }
 
 func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {

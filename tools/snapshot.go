@@ -10,6 +10,9 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
+// NameSnapshot is the name of the tool that snapshots a workspace.
+const NameSnapshot = "sandbox_snapshot"
+
 // SnapshotIn is sandbox_snapshot's input.
 type SnapshotIn struct {
 	Label   string `json:"label,omitempty" jsonschema:"A note to remember the snapshot by."`
@@ -26,6 +29,24 @@ type SnapshotOut struct {
 	Files     int    `json:"files" jsonschema:"Number of entries (files, directories, symlinks) in the archive."`
 	SHA256    string `json:"sha256" jsonschema:"SHA-256 of the tar archive, hex."`
 	URI       string `json:"uri" jsonschema:"MCP resource to read the snapshot from."`
+}
+
+func snapshotDef() *mcp.Tool {
+	return &mcp.Tool{
+		Name:  NameSnapshot,
+		Title: "Snapshot the sandbox's workspace",
+		Description: "Save the whole workspace (/workspace) as a tar archive on the server. The snapshot outlives the session; " +
+			"it is readable as the MCP resource at uri. It keeps files only, not running processes.",
+		InputSchema:  inputSchema[SnapshotIn](nil),
+		OutputSchema: outputSchema[SnapshotOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Snapshot the sandbox's workspace",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(false),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(false),
+		},
+	}
 }
 
 func (d *Deps) snapshot(ctx context.Context, c *call, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {

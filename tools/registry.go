@@ -1,0 +1,42 @@
+package tools
+
+import (
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Tool is one tool as data: its definition and how to add it to a server.
+type Tool struct {
+	Def *mcp.Tool
+	add func(*mcp.Server, *mcp.Tool)
+}
+
+// All returns every tool, bound to d.
+func All(d *Deps) []Tool {
+	if d.budget == nil {
+		d.budget = newBudget(d.Policy.MaxInflightBytes, d.Policy.MaxSessionInflightBytes)
+	}
+	return []Tool{
+		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
+		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
+		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
+		tool(listDef(), wrap(d, NameList, d.list)),
+		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
+		tool(restoreDef(), wrap(d, NameRestore, d.restore)),
+		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, d.deleteSnapshot)),
+	}
+}
+
+func tool[In, Out any](def *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) Tool {
+	return Tool{Def: def, add: func(s *mcp.Server, t *mcp.Tool) { mcp.AddTool(s, t, h) }}
+}
+
+// Register adds every tool and resource to s.
+func Register(s *mcp.Server, d *Deps) {
+	for _, t := range All(d) {
+		t.add(s, t.Def)
+	}
+	registerResources(s, d)
+	s.AddReceivingMiddleware(codeErrors, d.listSnapshots, d.holdArguments)
+}
+
+func ptr[T any](v T) *T { return &v }
