@@ -38,7 +38,7 @@ type Record struct {
 	Tool      string    `json:"tool"`
 	ArgDigest string    `json:"arg_digest"`
 	// Args are the call's arguments as received; the audit log records
-	// only their keyed digest (AuditLog.Digest).
+	// only their keyed digest (audit.Log.Digest).
 	Args     json.RawMessage `json:"-"`
 	Decision string          `json:"decision"` // allow or deny
 	Reason   string          `json:"reason,omitempty"`

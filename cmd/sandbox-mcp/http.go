@@ -33,6 +33,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -69,7 +70,7 @@ func maxRequestBody(maxFileBytes int64) int64 {
 // serveHTTP serves MCP over streamable HTTP on cfg.HTTP.Addr until a
 // signal arrives; then it stops accepting, ends every call, removes every
 // sandbox and returns within a bounded time.
-func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.AuditLog) error {
+func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -90,7 +91,7 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.A
 	}
 
 	// No tunnel may lead back to this listener.
-	m, cli, err := newManager(ctx, cfg, log, audit, addr.AddrPort())
+	m, cli, err := newManager(ctx, cfg, log, auditLog, addr.AddrPort())
 	if err != nil {
 		return err
 	}
@@ -98,7 +99,7 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.A
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	sessions.OwnerOf = ownerOf
-	server := newServer(cfg, m, sessions, log, audit)
+	server := newServer(cfg, m, sessions, log, auditLog)
 	g, err := newGuard(cfg, addr, server, sessions, log)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
