@@ -23,6 +23,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -598,7 +599,7 @@ func TestHTTPCallers(t *testing.T) {
 	allowed := find(func(m map[string]any) bool {
 		return m["tool"] == "sandbox_exec" && m["sandbox"] == idA && m["decision"] == "allow"
 	})
-	if allowed["kind"] != "tool_call" || allowed["caller"] != callerID(tokenA) || allowed["session"] != a.cs.ID() ||
+	if allowed["kind"] != "tool_call" || allowed["caller"] != httpguard.CallerID(tokenA) || allowed["session"] != a.cs.ID() ||
 		allowed["decision"] != "allow" || allowed["exit_code"] != float64(0) || allowed["bytes"].(float64) <= 0 ||
 		!strings.HasPrefix(allowed["arg_digest"].(string), "hmac-sha256:") {
 		t.Errorf("allowed exec record: %v", allowed)
@@ -618,13 +619,13 @@ func TestHTTPCallers(t *testing.T) {
 		t.Errorf("no duration: %v", allowed)
 	}
 	denied := find(func(m map[string]any) bool {
-		return m["caller"] == callerID(tokenB) && m["tool"] == "sandbox_exec" && m["decision"] == "deny"
+		return m["caller"] == httpguard.CallerID(tokenB) && m["tool"] == "sandbox_exec" && m["decision"] == "deny"
 	})
 	if !strings.HasPrefix(denied["reason"].(string), "NOT_FOUND: ") || denied["session"] != b.cs.ID() {
 		t.Errorf("denied exec record: %v", denied)
 	}
-	if callerID(tokenA) == callerID(tokenB) || strings.Contains(callerID(tokenA), tokenA[:8]) {
-		t.Errorf("caller ids: %s %s", callerID(tokenA), callerID(tokenB))
+	if httpguard.CallerID(tokenA) == httpguard.CallerID(tokenB) || strings.Contains(httpguard.CallerID(tokenA), tokenA[:8]) {
+		t.Errorf("caller ids: %s %s", httpguard.CallerID(tokenA), httpguard.CallerID(tokenB))
 	}
 }
 
@@ -746,7 +747,7 @@ func TestHTTPBodyCap(t *testing.T) {
 		t.Fatalf("write: %v", w)
 	}
 
-	limit := maxRequestBody(maxFile)
+	limit := httpguard.MaxRequestBody(maxFile)
 	if !strings.Contains(s.stderr.String(), fmt.Sprintf("max_request_bytes=%d", limit)) {
 		t.Fatalf("the server does not log its body cap %d", limit)
 	}
