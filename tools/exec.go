@@ -94,35 +94,48 @@ func joinComma(s []string) string {
 	return out
 }
 
-func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
-	var out ExecOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in ExecIn) target() string { return in.Sandbox }
+
+// execReq is a command policy let through, as the sandbox runs it.
+type execReq struct {
+	argv    []string
+	cwd     string
+	env     []string
+	stdin   string
+	timeout time.Duration
+}
+
+func (d *Deps) checkExec(in ExecIn) (execReq, error) {
 	p := d.Policy
 	if dec := p.CanExec(); !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
 	if dec := policy.CheckArgv(in.Argv); !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
 	env, dec := policy.CheckEnv(in.Env)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
 	cwd, dec := policy.WorkspacePath(in.Cwd)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
 	timeout, dec := p.ExecTimeoutFor(in.TimeoutMS)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
+	return execReq{argv: in.Argv, cwd: cwd, env: env, stdin: in.Stdin, timeout: timeout}, nil
+}
+
+func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.CallToolResult, ExecOut, error) {
+	out := ExecOut{Sandbox: sb.ID()}
+	p := d.Policy
 	program := ""
 	if p.NeedsResolve() {
-		resolved, err := sb.Resolve(ctx, in.Argv[:1], cwd)
+		// The allowlist names programs: which one argv[0] is depends on
+		// the sandbox's PATH and files.
+		resolved, err := sb.Resolve(ctx, in.argv[:1], in.cwd)
 		if err != nil {
 			return nil, out, err
 		}
@@ -130,18 +143,18 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 		if err != nil {
 			return nil, out, err
 		}
-		if dec := p.CheckProgram(in.Argv[0], resolved[0], allowed); !dec.Allow {
+		if dec := p.CheckProgram(in.argv[0], resolved[0], allowed); !dec.Allow {
 			return nil, out, dec.Err()
 		}
 		program = resolved[0]
 	}
 	var stdin []byte
-	if in.Stdin != "" {
-		stdin = []byte(in.Stdin)
+	if in.stdin != "" {
+		stdin = []byte(in.stdin)
 	}
 	req := session.ExecRequest{
-		Argv: in.Argv, Program: program, Cwd: cwd, Env: env, Stdin: stdin,
-		Timeout: timeout, MaxOutput: p.MaxOutputBytes,
+		Argv: in.argv, Program: program, Cwd: in.cwd, Env: in.env, Stdin: stdin,
+		Timeout: in.timeout, MaxOutput: p.MaxOutputBytes,
 	}
 	if tok := c.req.Params.GetProgressToken(); tok != nil {
 		req.OnOutput = newProgress(ctx, c.req.Session, tok).output
@@ -160,10 +173,10 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	c.exit = &out.ExitCode
 	c.bytes = int64(len(res.Stdout) + len(res.Stderr))
 
-	text := renderExec(out, timeout, p.MaxOutputBytes, res)
+	text := renderExec(out, in.timeout, p.MaxOutputBytes, res)
 	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
 	if out.TimedOut {
-		result.SetError(timedOut(timeout)) // the text above starts with it
+		result.SetError(timedOut(in.timeout)) // the text above starts with it
 	}
 	return result, out, nil
 }

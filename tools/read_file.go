@@ -51,20 +51,24 @@ func readDef() *mcp.Tool {
 	}
 }
 
-func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolResult, ReadOut, error) {
-	var out ReadOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in ReadIn) target() string { return in.Sandbox }
+
+// checkRead makes in.Path relative to the workspace.
+func checkRead(in ReadIn) (ReadIn, error) {
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
 	if dec := policy.CheckRange(in.Offset, in.Length); !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
+	in.Path = rel
+	return in, nil
+}
+
+func (d *Deps) readFile(ctx context.Context, c *call, sb Sandbox, in ReadIn) (*mcp.CallToolResult, ReadOut, error) {
+	out := ReadOut{Sandbox: sb.ID()}
+	rel := in.Path
 	const advice = "or read less at once with offset and length"
 	if err := d.reserve(ctx, c, policy.ReadReserve(d.Policy.ReadLimit(in.Length)), reserveWait, advice); err != nil {
 		return nil, out, err
