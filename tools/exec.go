@@ -75,7 +75,7 @@ func execInputSchema(p policy.Policy) *jsonschema.Schema {
 		argv.MinItems, argv.MaxItems = intp(1), intp(policy.MaxArgv)
 		argv.Items.MinLength = nil
 		env := s.Properties["env"]
-		env.PropertyNames = &jsonschema.Schema{Type: "string", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`}
+		env.PropertyNames = &jsonschema.Schema{Type: "string", Pattern: policy.EnvNamePattern}
 		to := s.Properties["timeout_ms"]
 		to.Minimum = new(float64(0))
 		to.Maximum = new(float64(p.MaxExecTimeout.Milliseconds()))
