@@ -584,5 +584,5 @@ func (s *SnapshotStore) remove(id string) error {
 // stream holds the workspace's bytes plus headers and padding: the workspace
 // cap plus some room for those is the ceiling.
 func snapshotLimits(p policy.Policy) agentproto.Limits {
-	return agentproto.Limits{MaxBytes: p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20, MaxEntries: 1 << 20, MaxDepth: 256}
+	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
 }

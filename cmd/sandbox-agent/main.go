@@ -47,7 +47,7 @@ func main() {
 	}
 	workspace := os.Getenv("SANDBOX_MCP_WORKSPACE")
 	if workspace == "" {
-		workspace = "/workspace"
+		workspace = agentproto.Workspace
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
