@@ -59,6 +59,11 @@ type call struct {
 	held *reservation
 }
 
+// CodeRequestCancelled is the JSON-RPC error code of the answer to a
+// cancelled call, where the transport cannot leave it unanswered. MCP
+// defines none; this is the code LSP uses for the same case.
+const CodeRequestCancelled = -32800
+
 // A tool is two functions, which the wrapper (wrap) calls in this order,
 // after the SDK has decoded the arguments and checked them against the
 // input schema:
@@ -138,12 +143,18 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 			if res != nil && res.IsError {
 				rec.Reason = "timed out"
 			}
+		case ctx.Err() != nil:
+			// The client cancelled the call (or its HTTP request went
+			// away): it gets no result. The SDK still answers, so the
+			// answer is a protocol error, never a tool error the model
+			// could mistake for the command's; the stdio transport drops
+			// it.
+			rec.Decision, rec.Reason = "deny", "cancelled"
+			err = &jsonrpc.Error{Code: CodeRequestCancelled, Message: "sandbox-mcp: the call was cancelled; its command was stopped with every process it started"}
 		case isCoded:
 			// The model reads "CODE: message", without what wrapped it.
 			err = coded
 			rec.Decision, rec.Reason = "deny", err.Error()
-		case ctx.Err() != nil:
-			rec.Decision, rec.Reason = "deny", "cancelled"
 		default:
 			rec.Decision, rec.Reason = "deny", "internal error"
 			d.Logger.Error("tool call failed", "tool", name, "sandbox", c.sandbox, "err", err)

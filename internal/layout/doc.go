@@ -14,6 +14,8 @@
 //     beside both and main wires it to each.
 //   - internal/httpguard links neither cmd/sandbox-mcp, tools nor session:
 //     it takes its own Options and ends sessions through an interface.
+//   - The backend seam (session/backend), which a second backend builds on,
+//     links no Docker package: Docker lives in session/engine.
 //
 // Test files are left out: a test may run both ends of the protocol in one
 // process.
