@@ -116,7 +116,7 @@ func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
 	}
 	k := fmt.Sprintf("mcp-%p", ss)
 	if id := ss.ID(); id != "" {
-		k = KeyOf(id)
+		k = keyOf(id)
 	}
 	s.keys[ss] = k
 	s.owners[k] = owner
@@ -131,8 +131,8 @@ func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
 	return k
 }
 
-// KeyOf returns the sandbox key of an HTTP session id (see key).
-func KeyOf(sessionID string) string { return "mcp-" + sessionID }
+// keyOf returns the sandbox key of an HTTP session id (see key).
+func keyOf(sessionID string) string { return "mcp-" + sessionID }
 
 // End ends the calls in flight of the HTTP session sessionID and starts the
 // removal of its sandbox, if owner is the session's caller; the container
@@ -143,7 +143,7 @@ func KeyOf(sessionID string) string { return "mcp-" + sessionID }
 // remove: a session that made no tool call has none, and another caller's
 // session is left alone.
 func (s *Sessions) End(sessionID, owner string) bool {
-	k := KeyOf(sessionID)
+	k := keyOf(sessionID)
 	s.mu.Lock()
 	o, ok := s.owners[k]
 	s.mu.Unlock()
