@@ -89,7 +89,7 @@ func (s *server) exec(ctx context.Context, c *call, req agentproto.ExecRequest) 
 		return
 	}
 	if err := s.send(c.id, agentproto.KindExit, res, nil); err != nil {
-		s.log.Warn("agent: send exit", "id", c.id, "err", err)
+		s.log.Warn("send exit", "id", c.id, "err", err)
 	}
 }
 

@@ -39,7 +39,7 @@ func main() {
 	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
 	flag.Parse()
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "bench")
 	b := &bench{bin: *bin, image: *img, scale: *scale, log: log}
 	if err := b.run(context.Background()); err != nil {
 		log.Error("bench failed", "err", err)
@@ -124,7 +124,7 @@ func (b *bench) run(ctx context.Context) error {
 		{"proxy", b.proxy},
 	}
 	for _, s := range steps {
-		b.log.Info("bench: " + s.name)
+		b.log.Info("step", "name", s.name)
 		if err := s.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
