@@ -29,19 +29,14 @@ func TestSecurityForkBomb(t *testing.T) {
 	other, _ := m.Sandbox("other", "")
 	run(t, other, "true")
 
-	done := make(chan ExecResult, 1)
-	go func() {
-		res, _ := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, Cwd: ".", Timeout: 3 * time.Second, MaxOutput: 4096})
-		done <- res
-	}()
+	done := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; echo started; sleep 60"}, Timeout: 3 * time.Second, MaxOutput: 4096})
 	// Another sandbox answers while the bomb runs.
-	time.Sleep(time.Second)
 	start := time.Now()
 	run(t, other, "true")
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("another sandbox took %s to answer during a fork bomb", d)
 	}
-	res := <-done
+	res := (<-done).res
 	if !res.TimedOut {
 		t.Fatalf("fork bomb: %+v", res)
 	}
@@ -156,13 +151,8 @@ func TestSecuritySymlinkSwap(t *testing.T) {
 	sb := newSandbox(t, m)
 	ctx := context.Background()
 	sh(t, sb, "echo SECRET > /tmp/secret; mkdir d; echo inside > d/secret")
-	swapper := make(chan struct{})
-	go func() {
-		defer close(swapper)
-		_, _ = sb.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c",
-			"while :; do mv d d.real; ln -s /tmp d; rm d; mv d.real d; done"}, Cwd: ".", Timeout: 6 * time.Second})
-	}()
-	time.Sleep(200 * time.Millisecond)
+	swapper := execStarted(t, ctx, sb, ExecRequest{Argv: []string{"sh", "-c",
+		"echo started; while :; do mv d d.real; ln -s /tmp d; rm d; mv d.real d; done"}, Timeout: 6 * time.Second})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	reads, writes, inside := 0, 0, 0
@@ -277,8 +267,11 @@ func TestImpersonationChangesNoResult(t *testing.T) {
 	}
 
 	const attackSecs = 8
-	sh(t, sb, fmt.Sprintf("/tmp/intruder impersonate %d /tmp/intruder.log >/dev/null 2>&1 &", attackSecs))
-	time.Sleep(300 * time.Millisecond)
+	// The intruder runs beside the calls below; the shell that started it
+	// waits for it, so the call ends when the attack does.
+	attack := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c",
+		fmt.Sprintf("/tmp/intruder impersonate %d /tmp/intruder.log >/dev/null 2>&1 & echo started; wait", attackSecs)},
+		Timeout: 2 * attackSecs * time.Second})
 	deadline := time.Now().Add(attackSecs*time.Second - time.Second)
 	calls := 0
 	for i := 0; time.Now().Before(deadline); i++ {
@@ -317,7 +310,7 @@ func TestImpersonationChangesNoResult(t *testing.T) {
 		calls++
 	}
 	// What the intruder tried, and that none of it worked.
-	time.Sleep(time.Second)
+	<-attack
 	log := string(run(t, sb, "cat", "/tmp/intruder.log").Stdout)
 	t.Logf("%d rounds of calls; the intruder's attempts:\n%s", calls, log)
 	counts := map[string]int{}
@@ -434,12 +427,7 @@ func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
 	sb.mu.Lock()
 	inst := sb.cur
 	sb.mu.Unlock()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := sb.Exec(ctx, ExecRequest{Argv: []string{"sleep", "5"}, Cwd: ".", Timeout: 20 * time.Second})
-		errc <- err
-	}()
-	time.Sleep(500 * time.Millisecond)
+	done := execStarted(t, ctx, sb, ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 5"}, Timeout: 20 * time.Second})
 	ex, err := testenv.Engine(t).ExecCreate(ctx, inst.box.Name(), client.ExecCreateOptions{
 		User: "0:0", Cmd: []string{"kill", "-9", strconv.Itoa(inst.conn.hello.PID)},
 	})
@@ -449,5 +437,5 @@ func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
 	if _, err := testenv.Engine(t).ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true}); err != nil {
 		t.Fatalf("kill the agent: %v", err)
 	}
-	return <-errc
+	return (<-done).err
 }

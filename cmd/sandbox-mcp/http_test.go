@@ -176,12 +176,14 @@ func (s *httpServer) tryConnect(token string) (*server, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, nil).
+	c := &server{t: s.t, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
+	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) { c.progressed(r) }}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, opts).
 		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, nil)
 	if err != nil {
 		return nil, err
 	}
-	c := &server{t: s.t, cs: cs, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
+	c.cs = cs
 	s.mu.Lock()
 	s.clients = append(s.clients, c)
 	s.mu.Unlock()
@@ -636,12 +638,7 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	s := startHTTP(t, httpOpts{})
 	c := s.connect("")
 	id := c.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "60"}}})
-		done <- err
-	}()
-	time.Sleep(time.Second)
+	done := c.running(context.Background(), "echo started; exec sleep 60")
 	start := time.Now()
 	r := s.do(http.MethodDelete, "", http.Header{"Mcp-Session-Id": {c.cs.ID()}}, "")
 	took := time.Since(start)
@@ -832,8 +829,7 @@ func TestHTTPShutdown(t *testing.T) {
 	s := startHTTP(t, httpOpts{})
 	c := s.connect("")
 	id := c.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
-	go c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "300"}}})
-	time.Sleep(time.Second)
+	c.running(context.Background(), "echo started; exec sleep 300")
 	start := time.Now()
 	if !s.stop(30 * time.Second) {
 		t.Fatal("the server did not exit within 30s of SIGTERM")
