@@ -45,8 +45,8 @@ func listDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameList,
 		Title: "List files in the sandbox",
-		Description: "List a directory of the sandbox's workspace (/workspace), or everything under it with recursive=true. " +
-			"Entry paths are relative to /workspace. Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
+		Description: "Use it to list a directory, or all under it with recursive=true, rather than ls or find in sandbox_exec. " +
+			"Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
 		InputSchema:  inputSchema[ListIn](listSchemaEdit),
 		OutputSchema: outputSchema[ListOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -63,26 +63,21 @@ func listSchemaEdit(s *jsonschema.Schema) {
 	m.Maximum = new(float64(policy.MaxListEntries))
 }
 
-func (in ListIn) target() string { return in.Sandbox }
-
-// checkList makes in.Path relative to the workspace and sets
-// in.MaxEntries to the number of entries to list.
-func checkList(in ListIn) (ListIn, error) {
+func (d *Deps) list(ctx context.Context, c *call, in ListIn) (*mcp.CallToolResult, ListOut, error) {
+	out := ListOut{Entries: []ListEntry{}}
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return in, dec.Err()
+		return nil, out, dec.Err()
 	}
 	n, dec := policy.ListEntries(in.MaxEntries)
 	if !dec.Allow {
-		return in, dec.Err()
+		return nil, out, dec.Err()
 	}
-	in.Path, in.MaxEntries = rel, n
-	return in, nil
-}
-
-func (d *Deps) list(ctx context.Context, c *call, sb Sandbox, in ListIn) (*mcp.CallToolResult, ListOut, error) {
-	out := ListOut{Sandbox: sb.ID(), Entries: []ListEntry{}}
-	rel, n := in.Path, in.MaxEntries
 	if err := d.reserve(ctx, c, policy.ListReserve(n), reserveWait, "or list fewer entries with max_entries"); err != nil {
 		return nil, out, err
 	}

@@ -33,10 +33,27 @@ type PolicyView struct {
 	MaxEnvBytes      int      `json:"max_env_bytes"`
 	Image            string   `json:"image,omitempty"`
 	EnvNames         []string `json:"env,omitempty"`
+	// Secrets are the variables that hold a placeholder the egress proxy
+	// replaces by a real credential in requests to the hosts listed.
+	Secrets []SecretView `json:"secrets,omitempty"`
 	// The HTTP transport's caps; absent over stdio.
 	MaxSessions          int `json:"max_sessions,omitempty"`
 	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
 	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
+}
+
+// SecretView is a secret as the model sees it: its name and hosts, never
+// its value.
+type SecretView struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+	Note  string   `json:"note"`
+}
+
+// SecretViewOf describes, for the policy resource, the secret of the
+// variable name that the egress proxy puts into requests to hosts.
+func SecretViewOf(name string, hosts []string) SecretView {
+	return SecretView{Name: name, Hosts: hosts, Note: "$" + name + " holds a placeholder; use it as the credential (header, URL user info) in https requests to these hosts and the proxy puts the real value in its place"}
 }
 
 // ViewOf returns the resource view of p.
@@ -51,6 +68,7 @@ func ViewOf(p policy.Policy, image string, env []string) PolicyView {
 }
 
 func registerResources(s *mcp.Server, d *Deps) {
+	m := d.Sessions.Manager()
 	s.AddResource(&mcp.Resource{
 		URI:         PolicyURI,
 		Name:        "policy",
@@ -68,7 +86,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 		URITemplate: SnapshotURITemplate,
 		Name:        "snapshot",
 		Title:       "Workspace snapshot",
-		Description: "A snapshot made by sandbox_snapshot: its record (JSON) and, when it fits the server's file cap, the tar archive itself.",
+		Description: "A snapshot made by sandbox_snapshot: its record (JSON) and, when it fits the server's file cap, the tar archive itself (otherwise the record's hint says how to get it).",
 		MIMEType:    "application/x-tar",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		uri := req.Params.URI
@@ -80,7 +98,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		info, f, err := d.Sessions.snapshots().Open(id)
+		info, f, err := m.Snapshots().Open(id)
 		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
 			if f != nil {
 				f.Close()
@@ -91,16 +109,26 @@ func registerResources(s *mcp.Server, d *Deps) {
 			return nil, err
 		}
 		defer f.Close()
-		meta, err := json.MarshalIndent(info, "", "  ")
-		if err != nil {
-			return nil, err
-		}
-		contents := []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(meta)}}
 		st, err := f.Stat()
 		if err != nil {
 			return nil, err
 		}
-		if size := st.Size(); size <= d.Policy.MaxFileBytes {
+		size := st.Size()
+		record := struct {
+			session.SnapshotInfo
+			Hint string `json:"hint,omitempty"`
+		}{SnapshotInfo: info}
+		if size > d.Policy.MaxFileBytes {
+			record.Hint = fmt.Sprintf("The tar archive (%d bytes) was left out: it is larger than this server's file cap (--max-file-bytes %d). "+
+				"Restore it into a sandbox with sandbox_restore and read the files you need there, or ask the operator to run `sandbox-mcp snapshot export %s DIR` on the server.",
+				size, d.Policy.MaxFileBytes, id)
+		}
+		meta, err := json.MarshalIndent(record, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		contents := []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(meta)}}
+		if size <= d.Policy.MaxFileBytes {
 			// The archive is read once, into a buffer of its size, under a
 			// reservation of what it and its base64 in the response take,
 			// counted against the server and the reading session.
@@ -150,7 +178,7 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 		if d.Sessions.OwnerOf != nil {
 			owner = d.Sessions.OwnerOf(req.GetExtra())
 		}
-		all, err := d.Sessions.snapshots().List()
+		all, err := d.Sessions.Manager().Snapshots().List()
 		if err != nil {
 			return nil, err
 		}

@@ -33,8 +33,8 @@ func restoreDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameRestore,
 		Title: "Restore a snapshot into the sandbox",
-		Description: "Replace the whole workspace (/workspace) with a snapshot made by sandbox_snapshot: one of this session's, or one another session of yours made (a fork). " +
-			"Files not in the snapshot are removed. Running processes are not part of a snapshot. resources/list shows your snapshots.",
+		Description: "Use it to roll the workspace back to a snapshot, or to start from one another session of yours made, rather than copying files with sandbox_exec. " +
+			"It replaces the whole workspace: files not in the snapshot are removed; processes are not in a snapshot. resources/list shows your snapshots.",
 		InputSchema:  inputSchema[RestoreIn](nil),
 		OutputSchema: outputSchema[RestoreOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -46,20 +46,19 @@ func restoreDef() *mcp.Tool {
 	}
 }
 
-func (in RestoreIn) target() string { return in.Sandbox }
-
-func (d *Deps) checkRestore(in RestoreIn) (RestoreIn, error) {
+func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToolResult, RestoreOut, error) {
+	var out RestoreOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return in, dec.Err()
+		return nil, out, dec.Err()
 	}
 	if !session.ValidSnapshotID(in.ID) {
-		return in, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
+		return nil, out, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
 	}
-	return in, nil
-}
-
-func (d *Deps) restore(ctx context.Context, c *call, sb Sandbox, in RestoreIn) (*mcp.CallToolResult, RestoreOut, error) {
-	out := RestoreOut{Sandbox: sb.ID()}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}

@@ -35,8 +35,8 @@ func snapshotDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameSnapshot,
 		Title: "Snapshot the sandbox's workspace",
-		Description: "Save the whole workspace (/workspace) as a tar archive on the server. The snapshot outlives the session; " +
-			"it is readable as the MCP resource at uri. It keeps files only, not running processes.",
+		Description: "Use it when the workspace must outlive this session or you may want to roll back: nothing made with sandbox_exec lasts past the session. " +
+			"It saves the whole workspace as a tar archive on the server, readable as the MCP resource at uri; files only, not processes.",
 		InputSchema:  inputSchema[SnapshotIn](nil),
 		OutputSchema: outputSchema[SnapshotOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -49,10 +49,13 @@ func snapshotDef() *mcp.Tool {
 	}
 }
 
-func (in SnapshotIn) target() string { return in.Sandbox }
-
-func (d *Deps) snapshot(ctx context.Context, c *call, sb Sandbox, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
-	out := SnapshotOut{Sandbox: sb.ID()}
+func (d *Deps) snapshot(ctx context.Context, c *call, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
+	var out SnapshotOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}

@@ -28,7 +28,7 @@ func deleteSnapshotDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:         NameDeleteSnapshot,
 		Title:        "Delete a snapshot",
-		Description:  "Delete one of your snapshots from the server. The sandbox's workspace is not touched.",
+		Description:  "Use it to delete one of your snapshots from the server when you no longer need it. The workspace is not touched.",
 		InputSchema:  inputSchema[DeleteSnapshotIn](nil),
 		OutputSchema: outputSchema[DeleteSnapshotOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -40,11 +40,14 @@ func deleteSnapshotDef() *mcp.Tool {
 	}
 }
 
-func (in DeleteSnapshotIn) target() string { return in.Sandbox }
-
-func (d *Deps) deleteSnapshot(ctx context.Context, c *call, sb Sandbox, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
-	out := DeleteSnapshotOut{Sandbox: sb.ID()}
-	store := d.Sessions.snapshots()
+func (d *Deps) deleteSnapshot(ctx context.Context, c *call, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
+	var out DeleteSnapshotOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
+	store := d.Sessions.Manager().Snapshots()
 	info, err := store.Get(in.ID)
 	if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != sb.Owner()) {
 		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)

@@ -37,8 +37,8 @@ type WriteOut struct {
 }
 
 func writeDef(p policy.Policy) *mcp.Tool {
-	desc := "Write a file in the sandbox's workspace (/workspace), creating missing directories. " +
-		"content is utf-8 text, or base64 with encoding \"base64\". The write replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is an octal string such as \"0755\"."
+	desc := "Use it to create or replace a file rather than echo or a heredoc in sandbox_exec; missing directories are made. " +
+		"content is utf-8 text, or base64 with encoding \"base64\". It replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is octal, such as \"0755\"."
 	if p.ReadOnly {
 		desc += " This server's workspace is read-only: every write is refused."
 	}
@@ -65,54 +65,27 @@ func writeSchemaEdit(s *jsonschema.Schema) {
 	s.Properties["mode"].Default = json.RawMessage(`"0644"`)
 }
 
-func (in WriteIn) target() string { return in.Sandbox }
-
-// writeReq is a write policy let through.
-type writeReq struct {
-	path    string // relative to the workspace
-	content string // as sent
-	base64  bool   // content is base64
-	size    int64  // bytes content decodes to
-	append  bool
-	mode    uint32
-}
-
-func (d *Deps) checkWrite(in WriteIn) (writeReq, error) {
+func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToolResult, WriteOut, error) {
+	var out WriteOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return writeReq{}, dec.Err()
+		return nil, out, dec.Err()
 	}
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return writeReq{}, dec.Err()
+		return nil, out, dec.Err()
 	}
 	if rel == "." {
-		return writeReq{}, &errcode.Error{Code: errcode.InvalidArgument, Message: "path names the workspace root, which is a directory; name a file"}
+		return nil, out, &errcode.Error{Code: errcode.InvalidArgument, Message: "path names the workspace root, which is a directory; name a file"}
 	}
 	mode, dec := policy.ParseMode(in.Mode)
 	if !dec.Allow {
-		return writeReq{}, dec.Err()
+		return nil, out, dec.Err()
 	}
-	req := writeReq{path: rel, content: in.Content, append: in.Append, mode: mode}
-	switch in.Encoding {
-	case "", "utf-8":
-		req.size = int64(len(in.Content))
-	case "base64":
-		size, err := base64Size(in.Content)
-		if err != nil {
-			return writeReq{}, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)
-		}
-		req.size, req.base64 = size, true
-	default:
-		return writeReq{}, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; use utf-8 or base64", in.Encoding)
-	}
-	if dec := d.Policy.CheckWriteSize(req.size); !dec.Allow {
-		return writeReq{}, dec.Err()
-	}
-	return req, nil
-}
-
-func (d *Deps) writeFile(ctx context.Context, c *call, sb Sandbox, in writeReq) (*mcp.CallToolResult, WriteOut, error) {
-	out := WriteOut{Sandbox: sb.ID()}
 	// The arguments hold their own reservation (holdArguments); the
 	// content is in memory already, so a write that does not fit is
 	// refused at once, and they are freed.
@@ -122,21 +95,34 @@ func (d *Deps) writeFile(ctx context.Context, c *call, sb Sandbox, in writeReq) 
 	// The content is streamed to the sandbox from the argument string, text
 	// as it is and base64 decoded on the way: the server holds no second
 	// copy of it.
-	var src io.Reader = strings.NewReader(in.content)
-	if in.base64 {
-		src = base64.NewDecoder(base64.StdEncoding, src)
+	var src io.Reader
+	var size int64
+	switch in.Encoding {
+	case "", "utf-8":
+		src, size = strings.NewReader(in.Content), int64(len(in.Content))
+	case "base64":
+		size, err = base64Size(in.Content)
+		if err != nil {
+			return nil, out, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)
+		}
+		src = base64.NewDecoder(base64.StdEncoding, strings.NewReader(in.Content))
+	default:
+		return nil, out, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; use utf-8 or base64", in.Encoding)
 	}
-	res, err := sb.WriteFileFrom(ctx, in.path, src, in.size, in.append, in.mode)
+	if dec := d.Policy.CheckWriteSize(size); !dec.Allow {
+		return nil, out, dec.Err()
+	}
+	res, err := sb.WriteFileFrom(ctx, rel, src, size, in.Append, mode)
 	if err != nil {
 		return nil, out, err
 	}
-	out.Path, out.BytesWritten, out.Size = in.path, res.Written, res.Size
+	out.Path, out.BytesWritten, out.Size = rel, res.Written, res.Size
 	c.bytes = res.Written
 	verb := "wrote"
-	if in.append {
+	if in.Append {
 		verb = "appended"
 	}
-	return textResult(fmt.Sprintf("%s %d bytes to %s (now %d bytes)", verb, res.Written, in.path, res.Size)), out, nil
+	return textResult(fmt.Sprintf("%s %d bytes to %s (now %d bytes)", verb, res.Written, rel, res.Size)), out, nil
 }
 
 // base64Size returns the number of bytes s decodes to, or the error

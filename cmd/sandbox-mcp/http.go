@@ -3,7 +3,8 @@ package main
 // The streamable HTTP transport: many clients at once, each MCP session with
 // its own sandbox, safe to put on a network. Every request passes the
 // checks of internal/httpguard (Host, Origin, bearer token, session and call
-// caps) before the go-sdk's handler sees it; this file listens, serves and
+// caps, calls of a dropped POST ended) before the go-sdk's handler sees it;
+// this file listens, serves and
 // shuts down.
 
 import (

@@ -105,8 +105,11 @@ func TestHTTPExamples(t *testing.T) {
 		t.Errorf("vscode-mcp-http.json: %+v", sb)
 	}
 	for name, wants := range map[string][]string{
-		"codex-http.toml":     {`url = "https://mcp.example.com` + httpguard.Path + `"`, `bearer_token_env_var = "` + EnvVar("token") + `"`},
-		"claude-code-http.sh": {"--transport http", httpguard.Path + " ", `--header "Authorization: Bearer ${` + EnvVar("token")},
+		"codex-http.toml": {`url = "https://mcp.example.com` + httpguard.Path + `"`, `bearer_token_env_var = "` + EnvVar("token") + `"`},
+		// The token stays out of ~/.claude.json: the project's .mcp.json
+		// names the variable and Claude Code fills it in at start.
+		"claude-code-http.sh":  {"add-json --scope project", `"type":"http"`, httpguard.Path + `"`, `"Authorization":"Bearer ${` + EnvVar("token") + `}"`},
+		"claude-code-mcp.json": {`"type": "http"`, httpguard.Path + `"`, `"Authorization": "Bearer ${` + EnvVar("token") + `}"`},
 	} {
 		b, err := os.ReadFile(filepath.Join(root, name))
 		if err != nil {

@@ -652,7 +652,17 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	// The container goes in the background, without holding the answer.
 	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 20*time.Second)
 	select {
-	case <-done:
+	case d := <-done:
+		// The answer, if it gets out before the session's stream closes,
+		// says the session ended: no "call again".
+		err, res := d.err, d.res
+		if err == nil {
+			msg := text(res)
+			if !res.IsError || !strings.HasPrefix(msg, "UNAVAILABLE: the session ended") || strings.Contains(msg, "Call again") {
+				t.Errorf("the call in flight was answered %q", msg)
+			}
+		}
+		t.Logf("the call in flight ended with %v %v", err, res)
 	case <-time.After(15 * time.Second):
 		t.Fatal("the call in flight did not end")
 	}

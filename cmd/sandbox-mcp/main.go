@@ -32,6 +32,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
@@ -209,8 +210,10 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 	}
 	// The profile's JSON, read and checked with the configuration.
 	opts.SeccompProfile = cfg.SeccompProfile
+	opts.Secrets = cfg.Secrets
 	if auditLog != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { auditLog.Proxy(d) }
+		opts.OnSecretUse = func(u netproxy.SecretUse) { auditLog.SecretUse(u) }
 	}
 	m, err := session.NewManager(ctx, opts)
 	if err != nil {
@@ -223,18 +226,20 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 // newServer builds the MCP server with every tool and resource; auditLog, if
 // not nil, gets a record per tool call.
 func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
-		Instructions: "Run commands and edit files in an isolated Linux sandbox (one per session). " +
-			"The workspace is /workspace; paths are relative to it. Read sandbox://policy for what this server allows.",
-		Logger:                    log,
-		SupportedProtocolVersions: protocolVersions,
-	})
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	for _, sec := range cfg.Secrets {
+		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
+	}
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSessions
 		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
 		view.MaxCallsPerCaller = cfg.HTTP.CallsPerCaller()
 	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
+		Instructions:              tools.Instructions(view, image.DefaultTag()),
+		Logger:                    log,
+		SupportedProtocolVersions: protocolVersions,
+	})
 	deps := &tools.Deps{
 		Policy:     cfg.Policy,
 		PolicyView: view,
@@ -299,10 +304,10 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"exec", p.Exec, "allow_cmd", strings.Join(p.AllowCmds, ","), "read_only", p.ReadOnly,
 		"max_file_bytes", p.MaxFileBytes, "max_output_bytes", p.MaxOutputBytes, "max_workspace_bytes", p.MaxWorkspaceBytes,
 		"exec_timeout", p.ExecTimeout, "max_exec_timeout", p.MaxExecTimeout,
-		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
+		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_jobs", p.MaxExecs, "max_job_output_bytes", p.MaxJobOutputBytes,
 		"max_inflight_bytes", p.MaxInflightBytes, "max_session_inflight_bytes", p.MaxSessionInflightBytes,
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
 		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
-		"seccomp_profile", cfg.SeccompProfileFile)
+		"seccomp_profile", cfg.SeccompProfileFile, "secret", strings.Join(cfg.SecretSpecs, ";"))
 }

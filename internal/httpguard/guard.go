@@ -8,8 +8,9 @@
 // --max-sessions-per-caller), and for a DELETE, the removal of the session's
 // sandbox, before the go-sdk's handler sees it. Inside the SDK, a caller's
 // tool calls and resource reads in flight are capped
-// (--max-calls-per-caller). /healthz answers probes without any of that and
-// says nothing but "ok".
+// (--max-calls-per-caller), and the calls a POST carried end when its
+// client drops it (see abandon.go). /healthz answers probes without any of
+// that and says nothing but "ok".
 //
 // It knows the MCP SDK and net/http, not the tools or the sandboxes: a
 // DELETE ends its session through the Sessions it is given.
@@ -120,6 +121,7 @@ type Guard struct {
 
 	sessions Sessions
 	quota    *sessionQuota
+	posts    *posts       // the POSTs being served, whose calls end with them
 	mcp      http.Handler // the SDK's streamable handler
 	authed   http.Handler // token check, then serveMCP
 	log      *slog.Logger
@@ -140,9 +142,10 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 		idle:     o.IdleTimeout,
 		sessions: sessions,
 		quota:    newSessionQuota(server, o.MaxSessions, o.SessionsPerCaller),
+		posts:    newPosts(),
 		log:      log,
 	}
-	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(o.CallsPerCaller, log).limit)
+	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(o.CallsPerCaller, log).limit, g.posts.watch)
 	addr := o.Listen
 	names := append([]string{addr.IP.String()}, o.AllowHosts...)
 	if host, _, err := net.SplitHostPort(o.Addr); err == nil && host != "" {
@@ -293,6 +296,8 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		defer done()
 		r = admitted
 	}
+	r, served := g.posts.tag(r)
+	defer served()
 	g.mcp.ServeHTTP(w, r)
 }
 
