@@ -101,46 +101,58 @@ func joinComma(s []string) string {
 // maxLabel bounds a job's label (the command as listed).
 const maxLabel = 200
 
-func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
-	var out ExecOut
+func (in ExecIn) target() string { return in.Sandbox }
+
+// execReq is a command policy let through: the input with its cwd made
+// relative to the workspace, and what the checks found.
+type execReq struct {
+	ExecIn
+	env     []string
+	timeout time.Duration // 0: a background job without a timeout
+	// mistake is what looks wrong in argv without being refused (a shell
+	// line in one item, say), told to the model with the result.
+	mistake string
+}
+
+func (d *Deps) checkExec(in ExecIn) (execReq, error) {
 	p := d.Policy
 	if dec := p.CanExec(); !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
 	if dec := policy.CheckCommand(in.Argv, in.Command); !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
-	mistake := ""
+	req := execReq{ExecIn: in}
 	if in.Command == "" {
 		m, refuse := policy.ArgvMistake(in.Argv)
 		if refuse {
-			return nil, out, errcode.Errorf(errcode.InvalidArgument, "%s", m)
+			return execReq{}, errcode.Errorf(errcode.InvalidArgument, "%s", m)
 		}
-		mistake = m
+		req.mistake = m
 		if dec := policy.CheckArgv(in.Argv); !dec.Allow {
-			return nil, out, dec.Err()
+			return execReq{}, dec.Err()
 		}
 	}
-	env, dec := policy.CheckEnv(in.Env)
-	if !dec.Allow {
-		return nil, out, dec.Err()
+	var dec policy.Decision
+	if req.env, dec = policy.CheckEnv(in.Env); !dec.Allow {
+		return execReq{}, dec.Err()
 	}
-	cwd, dec := policy.WorkspacePath(in.Cwd)
-	if !dec.Allow {
-		return nil, out, dec.Err()
+	if req.Cwd, dec = policy.WorkspacePath(in.Cwd); !dec.Allow {
+		return execReq{}, dec.Err()
 	}
-	timeout, dec := p.ExecTimeoutFor(in.TimeoutMS)
-	if !dec.Allow {
-		return nil, out, dec.Err()
+	if req.timeout, dec = p.ExecTimeoutFor(in.TimeoutMS); !dec.Allow {
+		return execReq{}, dec.Err()
 	}
 	if in.Background && in.TimeoutMS == 0 {
-		timeout = 0 // a background job runs until it ends or is signalled
+		req.timeout = 0 // a background job runs until it ends or is signalled
 	}
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+	return req, nil
+}
+
+func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.CallToolResult, ExecOut, error) {
+	out := ExecOut{Sandbox: sb.ID()}
+	p := d.Policy
+	cwd, env, timeout, mistake := in.Cwd, in.env, in.timeout, in.mistake
 
 	argv, label := in.Argv, strings.Join(in.Argv, " ")
 	program := ""

@@ -63,21 +63,26 @@ func listSchemaEdit(s *jsonschema.Schema) {
 	m.Maximum = new(float64(policy.MaxListEntries))
 }
 
-func (d *Deps) list(ctx context.Context, c *call, in ListIn) (*mcp.CallToolResult, ListOut, error) {
-	out := ListOut{Entries: []ListEntry{}}
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in ListIn) target() string { return in.Sandbox }
+
+// checkList makes in.Path relative to the workspace and sets
+// in.MaxEntries to the number of entries to list.
+func checkList(in ListIn) (ListIn, error) {
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
 	n, dec := policy.ListEntries(in.MaxEntries)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
+	in.Path, in.MaxEntries = rel, n
+	return in, nil
+}
+
+func (d *Deps) list(ctx context.Context, c *call, sb Sandbox, in ListIn) (*mcp.CallToolResult, ListOut, error) {
+	out := ListOut{Sandbox: sb.ID(), Entries: []ListEntry{}}
+	rel, n := in.Path, in.MaxEntries
 	if err := d.reserve(ctx, c, policy.ListReserve(n), reserveWait, "or list fewer entries with max_entries"); err != nil {
 		return nil, out, err
 	}

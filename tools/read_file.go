@@ -79,29 +79,40 @@ func readSchemaEdit(s *jsonschema.Schema) {
 // is shown in full either way, a longer one travels once.
 const inlineTextBytes = 16 << 10
 
-func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolResult, ReadOut, error) {
-	var out ReadOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in ReadIn) target() string { return in.Sandbox }
+
+// readReq is a read policy let through: the input with its path made
+// relative to the workspace.
+type readReq struct {
+	ReadIn
+	lines bool // a range of lines, not of bytes
+}
+
+func checkRead(in ReadIn) (readReq, error) {
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return readReq{}, dec.Err()
 	}
 	if dec := policy.CheckRange(in.Offset, in.Length); !dec.Allow {
-		return nil, out, dec.Err()
+		return readReq{}, dec.Err()
 	}
 	lines, dec := policy.CheckLines(in.Offset, in.Length, in.StartLine, in.EndLine)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return readReq{}, dec.Err()
 	}
 	switch in.Encoding {
 	case "", "utf-8", "base64":
 	default:
-		return nil, out, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; leave it out, or use base64 to get the bytes as base64", in.Encoding)
+		return readReq{}, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; leave it out, or use base64 to get the bytes as base64", in.Encoding)
 	}
+	in.Path = rel
+	return readReq{ReadIn: in, lines: lines}, nil
+}
+
+func (d *Deps) readFile(ctx context.Context, c *call, sb Sandbox, in readReq) (*mcp.CallToolResult, ReadOut, error) {
+	out := ReadOut{Sandbox: sb.ID()}
+	rel, lines := in.Path, in.lines
+	var err error
 	const advice = "or read less at once with offset and length, or start_line and end_line"
 	length := in.Length
 	if lines {
@@ -154,7 +165,7 @@ func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolR
 		}
 	}
 	if out.Hint == "" && out.NextOffset > 0 {
-		out.Hint = d.readOnHint(in, res, lines, n)
+		out.Hint = d.readOnHint(in.ReadIn, res, lines, n)
 	}
 	if out.Hint != "" {
 		head.WriteString("; " + out.Hint)

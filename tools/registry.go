@@ -16,18 +16,18 @@ func All(d *Deps) []Tool {
 		d.budget = newBudget(d.Policy.MaxInflightBytes, d.Policy.MaxSessionInflightBytes)
 	}
 	return []Tool{
-		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
-		tool(jobDef(d.Policy), wrap(d, NameJob, d.job)),
-		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
-		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
-		tool(editDef(d.Policy), wrap(d, NameEditFile, d.editFile)),
-		tool(deleteDef(d.Policy), wrap(d, NameDelete, d.deletePath)),
-		tool(moveDef(d.Policy), wrap(d, NameMove, d.move)),
-		tool(viewImageDef(), wrap(d, NameViewImage, d.viewImage)),
-		tool(listDef(), wrap(d, NameList, d.list)),
-		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
-		tool(restoreDef(), wrap(d, NameRestore, d.restore)),
-		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, d.deleteSnapshot)),
+		tool(execDef(d.Policy), wrap(d, NameExec, d.checkExec, d.exec)),
+		tool(jobDef(d.Policy), wrap(d, NameJob, d.checkJob, d.job)),
+		tool(readDef(), wrap(d, NameReadFile, checkRead, d.readFile)),
+		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.checkWrite, d.writeFile)),
+		tool(editDef(d.Policy), wrap(d, NameEditFile, d.checkEdit, d.editFile)),
+		tool(deleteDef(d.Policy), wrap(d, NameDelete, d.checkDelete, d.deletePath)),
+		tool(moveDef(d.Policy), wrap(d, NameMove, d.checkMove, d.move)),
+		tool(viewImageDef(), wrap(d, NameViewImage, checkViewImage, d.viewImage)),
+		tool(listDef(), wrap(d, NameList, checkList, d.list)),
+		tool(snapshotDef(), wrap(d, NameSnapshot, as, d.snapshot)),
+		tool(restoreDef(), wrap(d, NameRestore, d.checkRestore, d.restore)),
+		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, d.deleteSnapshot)),
 	}
 }
 

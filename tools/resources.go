@@ -68,7 +68,6 @@ func ViewOf(p policy.Policy, image string, env []string) PolicyView {
 }
 
 func registerResources(s *mcp.Server, d *Deps) {
-	m := d.Sessions.Manager()
 	s.AddResource(&mcp.Resource{
 		URI:         PolicyURI,
 		Name:        "policy",
@@ -98,7 +97,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		info, f, err := m.Snapshots().Open(id)
+		info, f, err := d.Sessions.snapshots().Open(id)
 		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
 			if f != nil {
 				f.Close()
@@ -178,7 +177,7 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 		if d.Sessions.OwnerOf != nil {
 			owner = d.Sessions.OwnerOf(req.GetExtra())
 		}
-		all, err := d.Sessions.Manager().Snapshots().List()
+		all, err := d.Sessions.snapshots().List()
 		if err != nil {
 			return nil, err
 		}

@@ -46,19 +46,20 @@ func restoreDef() *mcp.Tool {
 	}
 }
 
-func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToolResult, RestoreOut, error) {
-	var out RestoreOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in RestoreIn) target() string { return in.Sandbox }
+
+func (d *Deps) checkRestore(in RestoreIn) (RestoreIn, error) {
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
 	if !session.ValidSnapshotID(in.ID) {
-		return nil, out, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
+		return in, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
 	}
+	return in, nil
+}
+
+func (d *Deps) restore(ctx context.Context, c *call, sb Sandbox, in RestoreIn) (*mcp.CallToolResult, RestoreOut, error) {
+	out := RestoreOut{Sandbox: sb.ID()}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}

@@ -49,13 +49,10 @@ func snapshotDef() *mcp.Tool {
 	}
 }
 
-func (d *Deps) snapshot(ctx context.Context, c *call, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
-	var out SnapshotOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in SnapshotIn) target() string { return in.Sandbox }
+
+func (d *Deps) snapshot(ctx context.Context, c *call, sb Sandbox, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
+	out := SnapshotOut{Sandbox: sb.ID()}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}

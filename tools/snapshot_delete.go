@@ -40,14 +40,11 @@ func deleteSnapshotDef() *mcp.Tool {
 	}
 }
 
-func (d *Deps) deleteSnapshot(ctx context.Context, c *call, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
-	var out DeleteSnapshotOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
-	store := d.Sessions.Manager().Snapshots()
+func (in DeleteSnapshotIn) target() string { return in.Sandbox }
+
+func (d *Deps) deleteSnapshot(ctx context.Context, c *call, sb Sandbox, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
+	out := DeleteSnapshotOut{Sandbox: sb.ID()}
+	store := d.Sessions.snapshots()
 	info, err := store.Get(in.ID)
 	if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != sb.Owner()) {
 		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)

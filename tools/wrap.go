@@ -38,7 +38,7 @@ type Record struct {
 	Tool      string    `json:"tool"`
 	ArgDigest string    `json:"arg_digest"`
 	// Args are the call's arguments as received; the audit log records
-	// only their keyed digest (AuditLog.Digest).
+	// only their keyed digest (audit.Log.Digest).
 	Args     json.RawMessage `json:"-"`
 	Decision string          `json:"decision"` // allow or deny
 	Reason   string          `json:"reason,omitempty"`
@@ -64,15 +64,51 @@ type call struct {
 // defines none; this is the code LSP uses for the same case.
 const CodeRequestCancelled = -32800
 
-// handler is a tool's logic: decode is done by the SDK; it asks policy,
-// calls session and returns the output (and, rarely, a result of its own to
-// carry content or isError beside the output). A failure the model can act
-// on is an *errcode.Error; a result of its own with isError carries one too
-// (CallToolResult.SetError), so codeErrors knows the result as the tool's.
-type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error)
+// A tool is two functions, which the wrapper (wrap) calls in this order,
+// after the SDK has decoded the arguments and checked them against the
+// input schema:
+//
+//  1. check asks policy about the input alone and returns what run needs
+//     (a path made relative to the workspace, a timeout, a mode...). It
+//     touches no sandbox: a refused call makes none.
+//  2. The wrapper resolves the sandbox the call runs in: the session's own,
+//     or the one named in its sandbox argument (In.target).
+//  3. run calls the sandbox and renders: it returns the output and, when
+//     the model should read something else than the output's JSON, a
+//     result carrying that text (and isError, for a command that timed
+//     out; CallToolResult.SetError keeps its *errcode.Error, so codeErrors
+//     knows the result as the tool's).
+//
+// A failure the model can act on is an *errcode.Error, from either.
+type (
+	checkFunc[In, Req any] func(in In) (Req, error)
+	runFunc[Req, Out any]  func(ctx context.Context, c *call, sb Sandbox, req Req) (*mcp.CallToolResult, Out, error)
+	input                  interface{ target() string }
+)
 
-// wrap turns a handler into an SDK handler that logs one record per call,
-// feeds the audit log, and sorts errors into tool errors and protocol errors.
+// as is the check of a tool that asks policy nothing: run gets the input.
+func as[In any](in In) (In, error) { return in, nil }
+
+// changeablePath is the check of a tool that changes or removes what is at
+// path: the workspace is writable, and path, made relative to it, is not
+// the workspace root.
+func (d *Deps) changeablePath(path string) (string, error) {
+	if dec := d.Policy.CanWrite(); !dec.Allow {
+		return "", dec.Err()
+	}
+	rel, dec := policy.WorkspacePath(path)
+	if !dec.Allow {
+		return "", dec.Err()
+	}
+	if dec := policy.CheckRenamable(rel); !dec.Allow {
+		return "", dec.Err()
+	}
+	return rel, nil
+}
+
+// wrap turns a tool's check and run into an SDK handler that calls them in
+// order (see checkFunc), logs one record per call, feeds the audit log, and
+// sorts errors into tool errors and protocol errors.
 //
 // The handler's output becomes the result's structured content as it is:
 // the SDK, given a typed output, would marshal it, unmarshal that into a
@@ -83,11 +119,23 @@ type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallTo
 // The memory the call reserved is given back when ctx ends, which the SDK
 // does once the response is written, not when the handler returns: the
 // result is encoded and sent after that.
-func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandlerFor[In, any] {
+func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req], run runFunc[Req, Out]) mcp.ToolHandlerFor[In, any] {
+	handle := func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error) {
+		var none Out
+		req, err := check(in)
+		if err != nil {
+			return nil, none, err
+		}
+		sb, err := d.Sessions.sandbox(c, in.target())
+		if err != nil {
+			return nil, none, err
+		}
+		return run(ctx, c, sb, req)
+	}
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, any, error) {
 		start := time.Now()
 		c := &call{req: req}
-		res, out, err := h(ctx, c, in)
+		res, out, err := handle(ctx, c, in)
 		if c.held != nil {
 			if err != nil {
 				c.held.release() // an error carries no payload

@@ -65,27 +65,54 @@ func writeSchemaEdit(s *jsonschema.Schema) {
 	s.Properties["mode"].Default = json.RawMessage(`"0644"`)
 }
 
-func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToolResult, WriteOut, error) {
-	var out WriteOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in WriteIn) target() string { return in.Sandbox }
+
+// writeReq is a write policy let through.
+type writeReq struct {
+	path    string // relative to the workspace
+	content string // as sent
+	base64  bool   // content is base64
+	size    int64  // bytes content decodes to
+	append  bool
+	mode    uint32
+}
+
+func (d *Deps) checkWrite(in WriteIn) (writeReq, error) {
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, dec.Err()
+		return writeReq{}, dec.Err()
 	}
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return writeReq{}, dec.Err()
 	}
 	if rel == "." {
-		return nil, out, &errcode.Error{Code: errcode.InvalidArgument, Message: "path names the workspace root, which is a directory; name a file"}
+		return writeReq{}, &errcode.Error{Code: errcode.InvalidArgument, Message: "path names the workspace root, which is a directory; name a file"}
 	}
 	mode, dec := policy.ParseMode(in.Mode)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return writeReq{}, dec.Err()
 	}
+	req := writeReq{path: rel, content: in.Content, append: in.Append, mode: mode}
+	switch in.Encoding {
+	case "", "utf-8":
+		req.size = int64(len(in.Content))
+	case "base64":
+		size, err := base64Size(in.Content)
+		if err != nil {
+			return writeReq{}, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)
+		}
+		req.size, req.base64 = size, true
+	default:
+		return writeReq{}, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; use utf-8 or base64", in.Encoding)
+	}
+	if dec := d.Policy.CheckWriteSize(req.size); !dec.Allow {
+		return writeReq{}, dec.Err()
+	}
+	return req, nil
+}
+
+func (d *Deps) writeFile(ctx context.Context, c *call, sb Sandbox, in writeReq) (*mcp.CallToolResult, WriteOut, error) {
+	out := WriteOut{Sandbox: sb.ID()}
 	// The arguments hold their own reservation (holdArguments); the
 	// content is in memory already, so a write that does not fit is
 	// refused at once, and they are freed.
@@ -95,34 +122,21 @@ func (d *Deps) writeFile(ctx context.Context, c *call, in WriteIn) (*mcp.CallToo
 	// The content is streamed to the sandbox from the argument string, text
 	// as it is and base64 decoded on the way: the server holds no second
 	// copy of it.
-	var src io.Reader
-	var size int64
-	switch in.Encoding {
-	case "", "utf-8":
-		src, size = strings.NewReader(in.Content), int64(len(in.Content))
-	case "base64":
-		size, err = base64Size(in.Content)
-		if err != nil {
-			return nil, out, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)
-		}
-		src = base64.NewDecoder(base64.StdEncoding, strings.NewReader(in.Content))
-	default:
-		return nil, out, errcode.Errorf(errcode.InvalidArgument, "encoding %q is not supported; use utf-8 or base64", in.Encoding)
+	var src io.Reader = strings.NewReader(in.content)
+	if in.base64 {
+		src = base64.NewDecoder(base64.StdEncoding, src)
 	}
-	if dec := d.Policy.CheckWriteSize(size); !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	res, err := sb.WriteFileFrom(ctx, rel, src, size, in.Append, mode)
+	res, err := sb.WriteFileFrom(ctx, in.path, src, in.size, in.append, in.mode)
 	if err != nil {
 		return nil, out, err
 	}
-	out.Path, out.BytesWritten, out.Size = rel, res.Written, res.Size
+	out.Path, out.BytesWritten, out.Size = in.path, res.Written, res.Size
 	c.bytes = res.Written
 	verb := "wrote"
-	if in.Append {
+	if in.append {
 		verb = "appended"
 	}
-	return textResult(fmt.Sprintf("%s %d bytes to %s (now %d bytes)", verb, res.Written, rel, res.Size)), out, nil
+	return textResult(fmt.Sprintf("%s %d bytes to %s (now %d bytes)", verb, res.Written, in.path, res.Size)), out, nil
 }
 
 // base64Size returns the number of bytes s decodes to, or the error
