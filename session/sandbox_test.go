@@ -192,7 +192,8 @@ func TestExecBackgroundChildDoesNotStall(t *testing.T) {
 	m := testManager(t, nil)
 	sb := startedSandbox(t, m)
 	// The background child keeps stdout and stderr open; the call must end
-	// when the shell does (security-cases §4 #8), not when the child does.
+	// when the shell does (container case 8 of docs/attack-cases.md), not
+	// when the child does.
 	start := time.Now()
 	res := sh(t, sb, "sleep 100 & echo parent-done")
 	if took := time.Since(start); took > 3*time.Second || string(res.Stdout) != "parent-done\n" {

@@ -21,7 +21,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// The container cases of security-cases §4, run in a real sandbox.
+// The container cases of docs/attack-cases.md, run in a real sandbox.
 
 func TestSecurityForkBomb(t *testing.T) {
 	m := testManager(t, func(o *Options) { o.Policy.Pids = 64 })
@@ -83,17 +83,17 @@ func TestSecurityNoWayOut(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)
 	for _, script := range []string{
-		// §4 #4: outside the workspace
+		// container case 4: outside the workspace
 		"touch /x", "echo x > /etc/passwd", "touch /bin/x", "mkdir /opt",
-		// #11: privileged operations
+		// case 11: privileged operations
 		"mount -t tmpfs x /tmp", "unshare -n true", "unshare -U true", "nsenter -t 1 -m true", "chroot / true",
 		"mknod /workspace/d c 1 3", "ip link add d0 type dummy", "chown 0 /workspace",
 		"date -s 2000-01-01 >/dev/null 2>&1; test $(date +%Y) = 2000",
 		"sysctl -w kernel.hostname=x", "hostname evil", "ping -c 1 -W 1 127.0.0.1",
-		// #13: /proc and /sys
+		// case 13: /proc and /sys
 		"head -c 1 /proc/kcore", "echo x > /proc/sys/kernel/core_pattern", "echo b > /proc/sysrq-trigger",
 		"echo 1 > /sys/fs/cgroup/pids/pids.max || echo 1 > /sys/fs/cgroup/pids.max",
-		// #10: no Docker socket
+		// case 10: no Docker socket
 		"test -e /var/run/docker.sock || test -e /run/docker.sock",
 	} {
 		res := sh(t, sb, script)
@@ -101,16 +101,16 @@ func TestSecurityNoWayOut(t *testing.T) {
 			t.Errorf("%q succeeded:\n%s%s", script, res.Stdout, res.Stderr)
 		}
 	}
-	// #12: a setuid copy grants nothing.
+	// Case 12: a setuid copy grants nothing.
 	res := sh(t, sb, "mkdir -p /workspace/s && cp /bin/busybox /workspace/s/busybox && chmod u+s /workspace/s/busybox && /workspace/s/busybox id -u")
 	if strings.TrimSpace(string(res.Stdout)) != "1000" {
 		t.Errorf("setuid binary: %q %q", res.Stdout, res.Stderr)
 	}
-	// #15 and #18.
+	// Cases 15 and 18.
 	if got := strings.TrimSpace(string(sh(t, sb, "id -u; ulimit -n").Stdout)); got != "1000\n4096" {
 		t.Errorf("id and ulimit: %q", got)
 	}
-	// #19: nothing of the docker socket or the server in the environment.
+	// Case 19: nothing of the docker socket or the server in the environment.
 	if env := string(run(t, sb, "env").Stdout); strings.Contains(strings.ToLower(env), "docker") || strings.Contains(env, "SANDBOX_MCP_TOKEN") {
 		t.Errorf("environment: %s", env)
 	}
@@ -144,8 +144,9 @@ func TestSecurityCPULimit(t *testing.T) {
 }
 
 // TestSecuritySymlinkSwap races file calls against a loop inside the sandbox
-// that keeps swapping a directory with a symlink to /tmp (security-cases §3
-// #10): no read returns the outside file, no write lands outside.
+// that keeps swapping a directory with a symlink to /tmp (path case 10 of
+// docs/attack-cases.md): no read returns the outside file, no write lands
+// outside.
 func TestSecuritySymlinkSwap(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)

@@ -1,6 +1,7 @@
 // Command sandbox-bench measures sandbox-mcp against its baselines, side by
-// side in one run (SPEC §7), through a real MCP client, and writes the
-// results as JSON, a Markdown table and a plot of the latency distributions.
+// side in one run (every performance goal in the README), through a real
+// MCP client, and writes the results as JSON, a Markdown table and a plot
+// of the latency distributions.
 //
 //	go run ./cmd/sandbox-bench -bin bin -out docs/bench    (make bench)
 //
