@@ -3,6 +3,7 @@ package session
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -310,7 +311,7 @@ func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (S
 		f.Close()
 		err = ErrSnapshotNotFound
 	}
-	if err == ErrSnapshotNotFound {
+	if errors.Is(err, ErrSnapshotNotFound) {
 		return info, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
 	}
 	if err != nil {

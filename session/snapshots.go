@@ -248,7 +248,7 @@ func (s *SnapshotStore) oldestOfBiggest(protect string, size func(usage) int64) 
 
 // evict deletes a stored snapshot and drops it from the index. s.mu is held.
 func (s *SnapshotStore) evict(id string) error {
-	if err := s.remove(id); err != nil && err != ErrSnapshotNotFound {
+	if err := s.remove(id); err != nil && !errors.Is(err, ErrSnapshotNotFound) {
 		return fmt.Errorf("snapshot store: apply retention: %w", err)
 	}
 	s.stored = slices.DeleteFunc(s.stored, func(in SnapshotInfo) bool { return in.ID == id })

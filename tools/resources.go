@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -98,7 +99,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
 		info, f, err := d.Sessions.snapshots().Open(id)
-		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
+		if errors.Is(err, session.ErrSnapshotNotFound) || (err == nil && info.Owner != owner) {
 			if f != nil {
 				f.Close()
 			}

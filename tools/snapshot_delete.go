@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"errors"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -46,13 +47,13 @@ func (d *Deps) deleteSnapshot(ctx context.Context, c *call, sb Sandbox, in Delet
 	out := DeleteSnapshotOut{Sandbox: sb.ID()}
 	store := d.Sessions.snapshots()
 	info, err := store.Get(in.ID)
-	if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != sb.Owner()) {
+	if errors.Is(err, session.ErrSnapshotNotFound) || (err == nil && info.Owner != sb.Owner()) {
 		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)
 	}
 	if err != nil {
 		return nil, out, err
 	}
-	if err := store.Delete(in.ID); err != nil && err != session.ErrSnapshotNotFound {
+	if err := store.Delete(in.ID); err != nil && !errors.Is(err, session.ErrSnapshotNotFound) {
 		return nil, out, err
 	}
 	out.ID = in.ID
