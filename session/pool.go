@@ -133,9 +133,6 @@ func (m *Manager) drainPool() {
 	wg.Wait()
 }
 
-// WarmReady returns the number of warm containers waiting.
-func (m *Manager) WarmReady() int { return m.pool.size() }
-
 // newInstance starts a container and fills its workspace from
 // --workspace-from, if set.
 func (m *Manager) newInstance(ctx context.Context, sandbox string, gen int) (*instance, error) {

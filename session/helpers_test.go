@@ -60,3 +60,6 @@ func execStarted(t *testing.T, ctx context.Context, sb *Sandbox, req ExecRequest
 	}
 	return nil
 }
+
+// WarmReady returns the number of warm containers ready to be taken.
+func (m *Manager) WarmReady() int { return m.pool.size() }
