@@ -45,6 +45,10 @@ func execStarted(t *testing.T, ctx context.Context, sb *Sandbox, req ExecRequest
 	if req.Cwd == "" {
 		req.Cwd = "."
 	}
+	if req.MaxOutput == 0 {
+		// Output past what the result keeps is not streamed either.
+		req.MaxOutput = 1 << 10
+	}
 	done := make(chan execDone, 1)
 	go func() {
 		res, err := sb.Exec(ctx, req)
