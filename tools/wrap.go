@@ -73,7 +73,9 @@ const CodeRequestCancelled = -32800
 //     touches no sandbox: a refused call makes none.
 //  2. The wrapper resolves the sandbox the call runs in: the session's own,
 //     or the one named in its sandbox argument (In.target).
-//  3. run calls the sandbox and renders: it returns the output and, when
+//  3. run reserves the memory the call holds, asks policy what only the
+//     sandbox can tell (which program an allowlisted name resolves to),
+//     calls the sandbox and renders: it returns the output and, when
 //     the model should read something else than the output's JSON, a
 //     result carrying that text (and isError, for a command that timed
 //     out; CallToolResult.SetError keeps its *errcode.Error, so codeErrors
