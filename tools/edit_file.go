@@ -61,7 +61,7 @@ func (d *Deps) checkEdit(in EditIn) (EditIn, error) {
 	if err != nil {
 		return in, err
 	}
-	if dec := d.Policy.CheckEdit(len(in.OldString), len(in.NewString)); !dec.Allow {
+	if dec := d.Policy.CheckEdit(in.OldString, in.NewString); !dec.Allow {
 		return in, dec.Err()
 	}
 	in.Path = rel
