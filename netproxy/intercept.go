@@ -173,7 +173,7 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 
 	leaf, err := p.ca.leaf(d.Normalized, start)
 	if err != nil {
-		p.log.Error("proxy: interception certificate", "sandbox", sb.id, "host", d.Normalized, "err", err)
+		p.log.Error("interception certificate", "sandbox", sb.id, "host", d.Normalized, "err", err)
 		return CloseError, 0, 0
 	}
 	host := d.Normalized
@@ -191,7 +191,7 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 	err = tc.HandshakeContext(hctx)
 	cancel()
 	if err != nil {
-		p.log.Warn("proxy: the sandbox's TLS handshake with the proxy failed", "sandbox", sb.id, "host", host, "err", innermost(err))
+		p.log.Warn("the sandbox's TLS handshake with the proxy failed", "sandbox", sb.id, "host", host, "err", innermost(err))
 		if ctx.Err() != nil {
 			return CloseCtx, 0, 0
 		}
@@ -229,7 +229,7 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			why := p.secrets.scrub(innermost(err))
-			p.log.Warn("proxy: an intercepted request failed", "sandbox", sb.id, "host", host, "err", why)
+			p.log.Warn("an intercepted request failed", "sandbox", sb.id, "host", host, "err", why)
 			reason := fmt.Sprintf("the request to %s failed: %s", host, quote(why))
 			w.Header().Set(ErrorHeader, headerSafe(reason))
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
