@@ -218,8 +218,10 @@ func TestHTTPExamples(t *testing.T) {
 		t.Errorf("vscode-mcp-http.json: %+v", sb)
 	}
 	for name, wants := range map[string][]string{
-		"codex-http.toml":     {`url = "https://mcp.example.com` + mcpPath + `"`, `bearer_token_env_var = "` + EnvVar("token") + `"`},
-		"claude-code-http.sh": {"--transport http", mcpPath + " ", `--header "Authorization: Bearer ${` + EnvVar("token")},
+		"codex-http.toml": {`url = "https://mcp.example.com` + mcpPath + `"`, `bearer_token_env_var = "` + EnvVar("token") + `"`},
+		// The token stays a reference, filled in by Claude Code at start.
+		"claude-code-http.sh":  {"--scope project", `'{"type":"http","url":"https://mcp.example.com` + mcpPath + `"`, `"Authorization":"Bearer ${` + EnvVar("token") + `}"`},
+		"claude-code-mcp.json": {`"type": "http"`, `"url": "https://mcp.example.com` + mcpPath + `"`, `"Authorization": "Bearer ${` + EnvVar("token") + `}"`},
 	} {
 		b, err := os.ReadFile(filepath.Join(root, name))
 		if err != nil {
