@@ -31,8 +31,9 @@
 //
 //  1. The agent sends KindHello (id 0) with the protocol Version it speaks.
 //     The server refuses to go on if the version differs.
-//  2. The server sends requests (exec, read, write, list, resolve, snapshot,
-//     restore, ping). Each request is answered by zero or more streaming
+//  2. The server sends requests (setup, exec, read, write, list, resolve,
+//     snapshot, restore, ping); setup, when the sandbox needs it, comes
+//     first. Each request is answered by zero or more streaming
 //     frames (stdout, stderr, data) and ends with exactly one terminal frame:
 //     exit (for exec), result, or error.
 //  3. Requests that carry bulk input (exec with stdin, write, restore) are

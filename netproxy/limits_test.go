@@ -322,7 +322,7 @@ func TestTunnelSlowReaderIsNotIdle(t *testing.T) {
 	upstream, upstreamPeer := net.Pipe()
 	tun := newTunnel(client, upstream, 100*time.Millisecond, 10*time.Second)
 	done := make(chan string, 1)
-	go func() { done <- tun.run(context.Background(), nil) }()
+	go func() { done <- tun.run(context.Background(), nil, nil) }()
 	go upstreamPeer.Write(make([]byte, 32<<10))
 	defer upstreamPeer.Close()
 

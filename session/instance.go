@@ -48,7 +48,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		Generation: gen,
 		UID:        m.opts.UID,
 		GID:        m.opts.GID,
-		Env:        m.sandboxEnv(),
+		Env:        append(m.sandboxEnv(), m.secretEnv(sandbox)...),
 		Limits: backend.Limits{
 			Memory:         p.Memory,
 			NanoCPUs:       int64(p.CPUs * 1e9),
@@ -70,6 +70,9 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, box.StderrTail())
 	}
 	inst.conn = c
+	if err := m.setupSandbox(ctx, c); err != nil {
+		return inst, err
+	}
 	if m.opts.Policy.NeedsResolve() {
 		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
 		if err != nil {

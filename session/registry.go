@@ -102,6 +102,12 @@ type Options struct {
 	// OnProxyDecision, if set, sees every proxy decision (for the audit
 	// log); it must be quick and safe for concurrent use.
 	OnProxyDecision func(netproxy.Decision)
+	// Secrets go into requests to their hosts at the proxy; each sandbox
+	// gets placeholders and trusts the proxy's CA (see netproxy.Secret).
+	// They need Policy.Network allowlist.
+	Secrets []netproxy.Secret
+	// OnSecretUse, if set, sees each use of a secret (for the audit log).
+	OnSecretUse func(netproxy.SecretUse)
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -177,6 +183,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		}
 	}
 	var proxy *netproxy.Proxy
+	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
+		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
+	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
 		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
@@ -190,6 +199,8 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			Logger:       log,
 			OnDecision:   opts.OnProxyDecision,
 			DenyAddrs:    opts.DenyAddrs,
+			Secrets:      opts.Secrets,
+			OnSecretUse:  opts.OnSecretUse,
 		})
 		if err != nil {
 			return nil, closeSeed(sd, err)

@@ -28,7 +28,8 @@ type Sandbox struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	execs    chan struct{} // one token per command allowed to run at once
+	execs    chan struct{} // one token per foreground command allowed to run at once
+	jobSeq   atomic.Uint64 // the last job id given out
 	inflight atomic.Int64
 	lastUsed atomic.Int64 // unix nanos
 
@@ -183,7 +184,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 		defer func() { <-s.execs }()
 	default:
 		return ExecResult{}, errcode.Errorf(errcode.Busy,
-			"%d commands are already running in this sandbox, the most it runs at once; wait for one to finish, or start long work in the background", cap(s.execs))
+			"%d commands are already running in this sandbox, the most it runs at once (--max-jobs); wait for one to finish (sandbox_job with wait_ms), or end one (sandbox_job with signal KILL)", cap(s.execs))
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
@@ -191,6 +192,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	if err != nil {
 		return ExecResult{}, err
 	}
+	req.job = s.jobOpts()
 	res, err := inst.conn.exec(ctx, req)
 	return res, s.failed(inst, err)
 }

@@ -171,6 +171,31 @@ func (a *AuditLog) Proxy(d netproxy.Decision) {
 	}
 }
 
+// AuditKindSecret tags the record of a secret put into a request.
+const AuditKindSecret = "secret_use"
+
+// SecretRecord is the audit record of a secret the egress proxy put into a
+// request: which secret, for which host, from which sandbox; one per
+// secret per intercepted tunnel. It never holds the value.
+type SecretRecord struct {
+	Kind    string    `json:"kind"`
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	Secret  string    `json:"secret"`
+	Host    string    `json:"host"`
+	Port    int       `json:"port"`
+	Event   string    `json:"event"` // "secret NAME used for HOST"
+}
+
+// SecretUse appends the record of a secret's use. A failed write is logged.
+func (a *AuditLog) SecretUse(u netproxy.SecretUse) {
+	r := SecretRecord{Kind: AuditKindSecret, Time: time.Now().UTC(), Sandbox: u.Sandbox, Secret: u.Name, Host: u.Host, Port: u.Port,
+		Event: "secret " + u.Name + " used for " + u.Host}
+	if err := a.Write(r); err != nil {
+		a.log.Error("audit log write failed", "err", err)
+	}
+}
+
 // AuditKeyFile is the file in the state directory that holds the key of
 // the audit log's argument digests.
 const AuditKeyFile = "audit.key"

@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -33,10 +34,30 @@ type PolicyView struct {
 	MaxEnvBytes      int      `json:"max_env_bytes"`
 	Image            string   `json:"image,omitempty"`
 	EnvNames         []string `json:"env,omitempty"`
+	// Secrets are the variables that hold a placeholder the egress proxy
+	// replaces by a real credential in requests to the hosts listed.
+	Secrets []SecretView `json:"secrets,omitempty"`
 	// The HTTP transport's caps; absent over stdio.
 	MaxSessions          int `json:"max_sessions,omitempty"`
 	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
 	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
+}
+
+// SecretView is a secret as the model sees it: its name and hosts, never
+// its value.
+type SecretView struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+	Note  string   `json:"note"`
+}
+
+// SecretViews describes secrets for the policy resource.
+func SecretViews(secrets []netproxy.Secret) []SecretView {
+	var out []SecretView
+	for _, s := range secrets {
+		out = append(out, SecretView{Name: s.Name, Hosts: s.Hosts, Note: "$" + s.Name + " holds a placeholder; use it as the credential (header, URL user info) in https requests to these hosts and the proxy puts the real value in its place"})
+	}
+	return out
 }
 
 // ViewOf returns the resource view of p.

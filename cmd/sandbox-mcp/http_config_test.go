@@ -219,9 +219,10 @@ func TestHTTPExamples(t *testing.T) {
 	}
 	for name, wants := range map[string][]string{
 		"codex-http.toml": {`url = "https://mcp.example.com` + mcpPath + `"`, `bearer_token_env_var = "` + EnvVar("token") + `"`},
-		// The token stays a reference, filled in by Claude Code at start.
-		"claude-code-http.sh":  {"--scope project", `'{"type":"http","url":"https://mcp.example.com` + mcpPath + `"`, `"Authorization":"Bearer ${` + EnvVar("token") + `}"`},
-		"claude-code-mcp.json": {`"type": "http"`, `"url": "https://mcp.example.com` + mcpPath + `"`, `"Authorization": "Bearer ${` + EnvVar("token") + `}"`},
+		// The token stays out of ~/.claude.json: the project's .mcp.json
+		// names the variable and Claude Code fills it in at start.
+		"claude-code-http.sh":  {"add-json --scope project", `"type":"http"`, mcpPath + `"`, `"Authorization":"Bearer ${` + EnvVar("token") + `}"`},
+		"claude-code-mcp.json": {`"type": "http"`, mcpPath + `"`, `"Authorization": "Bearer ${` + EnvVar("token") + `}"`},
 	} {
 		b, err := os.ReadFile(filepath.Join(root, name))
 		if err != nil {

@@ -209,8 +209,10 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 	}
 	// The profile's JSON, read and checked with the configuration.
 	opts.SeccompProfile = cfg.SeccompProfile
+	opts.Secrets = cfg.Secrets
 	if audit != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
+		opts.OnSecretUse = func(u netproxy.SecretUse) { audit.SecretUse(u) }
 	}
 	m, err := session.NewManager(ctx, opts)
 	if err != nil {
@@ -224,6 +226,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 // not nil, gets a record per tool call.
 func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, audit *tools.AuditLog) *mcp.Server {
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	view.Secrets = tools.SecretViews(cfg.Secrets)
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSessions
 		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
@@ -298,10 +301,10 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"exec", p.Exec, "allow_cmd", strings.Join(p.AllowCmds, ","), "read_only", p.ReadOnly,
 		"max_file_bytes", p.MaxFileBytes, "max_output_bytes", p.MaxOutputBytes, "max_workspace_bytes", p.MaxWorkspaceBytes,
 		"exec_timeout", p.ExecTimeout, "max_exec_timeout", p.MaxExecTimeout,
-		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
+		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_jobs", p.MaxExecs, "max_job_output_bytes", p.MaxJobOutputBytes,
 		"max_inflight_bytes", p.MaxInflightBytes, "max_session_inflight_bytes", p.MaxSessionInflightBytes,
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
 		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
-		"seccomp_profile", cfg.SeccompProfileFile)
+		"seccomp_profile", cfg.SeccompProfileFile, "secret", strings.Join(cfg.SecretSpecs, ";"))
 }
