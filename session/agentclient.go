@@ -560,7 +560,7 @@ func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 		go func() { inErr <- sendInput(p) }()
 		defer func() {
 			if err := <-inErr; err != nil && !errors.As(err, new(errLocal)) {
-				c.log.Debug("session: sending request input", "err", err)
+				c.log.Debug("sending request input", "err", err)
 			}
 		}()
 	}
@@ -638,5 +638,5 @@ func unavailable(err error) error {
 // stream holds the workspace's bytes plus headers and padding: the workspace
 // cap plus some room for those is the ceiling.
 func snapshotLimits(p policy.Policy) agentproto.Limits {
-	return agentproto.Limits{MaxBytes: p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20, MaxEntries: 1 << 20, MaxDepth: 256}
+	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
 }

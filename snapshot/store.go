@@ -258,7 +258,7 @@ func (s *Store) oldestOfBiggest(protect string, size func(usage) int64) string {
 
 // evict deletes a stored snapshot and drops it from the index. s.mu is held.
 func (s *Store) evict(id string) error {
-	if err := s.remove(id); err != nil && err != ErrNotFound {
+	if err := s.remove(id); err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("snapshot store: apply retention: %w", err)
 	}
 	s.stored = slices.DeleteFunc(s.stored, func(in Info) bool { return in.ID == id })

@@ -186,7 +186,7 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		if id != "" {
 			if err := removeContainer(ctx, c.d.cli, id); err != nil {
 				c.removeErr = err
-				c.d.log.Warn("session: remove container", "container", id, "err", err)
+				c.d.log.Warn("remove container", "container", id, "err", err)
 			}
 		}
 		if c.net != nil {
