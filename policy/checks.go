@@ -269,11 +269,15 @@ func CheckLines(offset, length, startLine, endLine int64) (bool, Decision) {
 	return true, Allowed
 }
 
-// CheckEdit decides whether sandbox_edit_file's strings may be sent: each
-// at most the file cap (the file before and after is held to it too, where
-// the file is).
-func (p Policy) CheckEdit(oldLen, newLen int) Decision {
-	if n := max(oldLen, newLen); int64(n) > p.MaxFileBytes {
+// CheckEdit decides whether sandbox_edit_file's strings may be sent: they
+// must differ (an edit that changes nothing is a mistake to point out), and
+// each is at most the file cap (the file before and after is held to it
+// too, where the file is).
+func (p Policy) CheckEdit(oldString, newString string) Decision {
+	if oldString == newString {
+		return Deny(errcode.InvalidArgument, "old_string and new_string are the same, so the edit would change nothing; give the new text in new_string")
+	}
+	if n := max(len(oldString), len(newString)); int64(n) > p.MaxFileBytes {
 		return Deny(errcode.TooLarge, "old_string or new_string is %d bytes; this server edits files of at most %d bytes (--max-file-bytes); make the change in smaller steps", n, p.MaxFileBytes)
 	}
 	return Allowed

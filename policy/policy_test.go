@@ -365,10 +365,13 @@ func TestCheckRenamableAndEdit(t *testing.T) {
 		}
 	}
 	p := Default()
-	if d := p.CheckEdit(int(p.MaxFileBytes), 0); !d.Allow {
+	if d := p.CheckEdit(strings.Repeat("x", int(p.MaxFileBytes)), ""); !d.Allow {
 		t.Errorf("an old_string of the cap is refused: %+v", d)
 	}
-	if d := p.CheckEdit(0, int(p.MaxFileBytes)+1); d.Allow || d.Code != errcode.TooLarge {
+	if d := p.CheckEdit("", strings.Repeat("x", int(p.MaxFileBytes)+1)); d.Allow || d.Code != errcode.TooLarge {
 		t.Errorf("a new_string past the cap: %+v", d)
+	}
+	if d := p.CheckEdit("same", "same"); d.Allow || d.Code != errcode.InvalidArgument {
+		t.Errorf("an edit that changes nothing: %+v", d)
 	}
 }

@@ -70,7 +70,7 @@ func (d *Deps) editFile(ctx context.Context, c *call, in EditIn) (*mcp.CallToolR
 	if dec := policy.CheckRenamable(rel); !dec.Allow {
 		return nil, out, dec.Err()
 	}
-	if dec := d.Policy.CheckEdit(len(in.OldString), len(in.NewString)); !dec.Allow {
+	if dec := d.Policy.CheckEdit(in.OldString, in.NewString); !dec.Allow {
 		return nil, out, dec.Err()
 	}
 	// The strings are held with the arguments (holdArguments) and streamed

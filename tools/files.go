@@ -100,9 +100,12 @@ func (d *Deps) readFile(ctx context.Context, c *call, in ReadIn) (*mcp.CallToolR
 	c.bytes = n
 
 	var head strings.Builder
-	if lines {
+	switch {
+	case lines && res.TotalLines == 0:
+		fmt.Fprintf(&head, "%s: empty file (0 lines)", rel)
+	case lines:
 		fmt.Fprintf(&head, "%s: lines %d-%d of %d (%d bytes from offset %d, file %d bytes)", rel, res.StartLine, res.EndLine, res.TotalLines, n, res.Offset, res.Size)
-	} else {
+	default:
 		fmt.Fprintf(&head, "%s: %d of %d bytes from offset %d", rel, n, res.Size, res.Offset)
 	}
 	if res.Offset == 0 {
