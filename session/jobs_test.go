@@ -217,3 +217,18 @@ func TestJobsOfAFreshSandboxStartNothing(t *testing.T) {
 		t.Fatalf("asking about jobs started container %s", id)
 	}
 }
+
+// TestShellIsTheImages: the test image has no bash, so command strings run
+// through its sh; the answer is the same when asked again (it is kept per
+// container).
+func TestShellIsTheImages(t *testing.T) {
+	m := testManager(t, nil)
+	sb := newSandbox(t, m)
+	name, path, err := sb.Shell(context.Background())
+	if err != nil || name != "sh" || path == "" {
+		t.Fatalf("shell %q %q %v", name, path, err)
+	}
+	if n2, p2, err := sb.Shell(context.Background()); n2 != name || p2 != path || err != nil {
+		t.Fatalf("asked again: %q %q %v", n2, p2, err)
+	}
+}
