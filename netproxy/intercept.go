@@ -128,6 +128,7 @@ func (l *oneConnListener) Addr() net.Addr { return l.addr }
 // sandbox's placeholders replaced.
 type intercepted struct {
 	p        *Proxy
+	sb       *sandboxState
 	sandbox  string
 	d        *Decision
 	rw       *rewriter
@@ -148,7 +149,7 @@ type intercepted struct {
 // reason and the bytes read from each side.
 func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, up *tls.Conn, rawUp *meteredConn, d *Decision, sb *sandboxState) (reason string, bytesUp, bytesDown int64) {
 	start := time.Now()
-	t := &intercepted{p: p, sandbox: sb.id, d: d, first: up, ups: []*meteredConn{rawUp}}
+	t := &intercepted{p: p, sb: sb, sandbox: sb.id, d: d, first: up, ups: []*meteredConn{rawUp}}
 	t.rw = p.secrets.rewriter(sb.id, d.Normalized)
 	t.used = make([]bool, len(t.rw.names))
 	t.reported = make([]bool, len(t.rw.names))
@@ -333,6 +334,11 @@ func (t *intercepted) dialUpstream(ctx context.Context, _, _ string) (net.Conn, 
 	t.mu.Unlock()
 	if first != nil {
 		return first, nil
+	}
+	// A new connection counts against the sandbox's request rate, as a
+	// new tunnel would.
+	if ok, wait := t.sb.allow(time.Now()); !ok {
+		return nil, fmt.Errorf("this sandbox opens connections faster than %v per second, the limit; retry in %d s", float64(t.p.cfg.Rate), retryAfterSeconds(wait))
 	}
 	raw, err := t.p.dial(ctx, t.d.Addr, t.d.Port)
 	if err != nil {
