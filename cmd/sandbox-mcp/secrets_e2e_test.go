@@ -205,7 +205,7 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 	startArgs := []string{
 		"--network", "allowlist", "--allow-private-networks", "--audit-log", audit,
 		"--allow-host", strings.Join([]string{hp(good.port), hp(untrusted.port), hp(misnamed.port), fmt.Sprintf("localhost:%d", good.port)}, ","),
-		"--secret", "TOKEN@" + host, "--max-output-bytes", "4MiB",
+		"--secret", "TOKEN@" + host, "--max-output-bytes", "4MiB", "--max-job-output-bytes", "4MiB",
 	}
 	start := func() *server {
 		return startServer(t, serverOpts{image: testenv.DefaultImage(t), args: startArgs,
