@@ -363,7 +363,15 @@ func (t *intercepted) rewrite(pr *httputil.ProxyRequest, authority string) {
 	out.URL.Scheme, out.URL.Host, out.Host = "https", authority, authority
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if uri := pr.In.RequestURI; strings.HasPrefix(uri, "/") {
+	out.URL.User = nil // an absolute-form target's user info is not forwarded (net/http would send it as Basic unreplaced)
+	uri := pr.In.RequestURI
+	if !strings.HasPrefix(uri, "/") {
+		// Absolute form ("https://host/path"): keep its path and query.
+		if u, err := url.ParseRequestURI(uri); err == nil && u.Host != "" {
+			uri = u.RequestURI()
+		}
+	}
+	if strings.HasPrefix(uri, "/") {
 		// Keep the request target as the client wrote it (escapes
 		// included), only with the placeholders replaced.
 		uri = t.rw.replace(uri, t.used)

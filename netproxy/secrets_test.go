@@ -555,3 +555,29 @@ func TestInterceptRedialsAndIdles(t *testing.T) {
 		t.Errorf("close %+v, want idle", cl)
 	}
 }
+
+// TestInterceptAbsoluteForm: a request in absolute form gets its
+// placeholders replaced like any other, and its user info is not sent.
+func TestInterceptAbsoluteForm(t *testing.T) {
+	srv, got := secretUpstream(t)
+	h, _, _ := secretHarness(t, srv, upstreamRoots(srv), "example.com")
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	ph := strings.TrimPrefix(h.p.SecretEnv("sandbox-1")[0], "TOKEN=")
+	resp, _, c := h.connect(fmt.Sprintf("example.com:%d", port))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(h.p.CACert())
+	tc := tls.Client(c, &tls.Config{ServerName: "example.com", RootCAs: pool})
+	fmt.Fprintf(tc, "GET https://u:%s@example.com:%d/abs?t=%s HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n", ph, port, ph)
+	r, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	s := got()
+	if len(s) != 1 || s[0].uri != "/abs?t="+testSecret || s[0].auth != "" {
+		t.Errorf("the upstream saw %+v", s)
+	}
+}

@@ -631,5 +631,5 @@ func unavailable(err error) error {
 		return err
 	}
 	return errcode.Errorf(errcode.Unavailable,
-		"the sandbox stopped (%v); its workspace is lost. Call again: the next call starts a fresh sandbox", err)
+		"the sandbox stopped (%v); its workspace is lost and its jobs ended. Call again: the next call starts a fresh sandbox, with no jobs", err)
 }

@@ -92,7 +92,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 			old := s.cur
 			s.cur = nil
 			if !old.reported.Load() {
-				s.lost = fmt.Sprintf("lost its workspace: its container stopped (%v)", err)
+				s.lost = fmt.Sprintf("lost its workspace and its jobs: its container stopped (%v)", err)
 			}
 			s.m.removeInstance(old)
 			s.planRecovery()
@@ -143,7 +143,7 @@ func (s *Sandbox) nextStart() string {
 	if s.restoreFrom == "" {
 		return "the next call starts a fresh, empty sandbox"
 	}
-	return fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", s.restoreFrom)
+	return fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", s.restoreFrom)
 }
 
 // failed notes that a call saw the container go away, so the model is told
@@ -161,10 +161,10 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		next := "the next call starts a fresh, empty sandbox"
 		if !s.m.opts.Policy.ReadOnly {
 			if latest, ok := s.m.snaps.Latest(s.id); ok {
-				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", latest.ID)
+				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", latest.ID)
 			}
 		}
-		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost. Call again: %s", s.id, inst.conn.err(), next)
+		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost and its jobs ended. Call again: %s", s.id, inst.conn.err(), next)
 	}
 	return err
 }

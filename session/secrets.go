@@ -7,10 +7,10 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
 
-// caBundleVars are the variables that point the usual clients at the CA
+// CABundleVars are the variables that point the usual clients at the CA
 // bundle the agent writes: OpenSSL and Go (SSL_CERT_FILE), curl, git,
 // pip, Python requests, Node.
-var caBundleVars = []string{
+var CABundleVars = []string{
 	"SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
 }
 
@@ -22,7 +22,7 @@ func (m *Manager) secretEnv(sandbox string) []string {
 		return nil
 	}
 	env := m.proxy.SecretEnv(sandbox)
-	for _, v := range caBundleVars {
+	for _, v := range CABundleVars {
 		env = append(env, v+"="+agentproto.CABundlePath)
 	}
 	return env

@@ -193,7 +193,12 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	c.exit = &out.ExitCode
 	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
-	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
+	// The output travels once where it can (as a read's content does): a
+	// client that shows structured content finds it there, and the text
+	// repeats it only when it is short, for a client older than structured
+	// content, or for an error (clients show an error's text).
+	full := out.TimedOut || textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out, full)}}}
 	if out.TimedOut {
 		result.SetError(timedOut(timeout)) // the text below starts with it
 	}
@@ -206,8 +211,9 @@ func timedOut(timeout time.Duration) *errcode.Error {
 }
 
 // renderExec is the text a model reads where a client shows the text: a
-// status line, each stream, and the hint.
-func renderExec(out ExecOut) string {
+// status line, each stream (or, unless full, where to find it), and the
+// hint.
+func renderExec(out ExecOut, full bool) string {
 	var b strings.Builder
 	if out.TimedOut {
 		b.WriteString("TIMEOUT: ")
@@ -227,8 +233,12 @@ func renderExec(out ExecOut) string {
 			b.WriteByte('\n')
 		}
 	}
-	section("stdout", out.Stdout)
-	section("stderr", out.Stderr)
+	if full {
+		section("stdout", out.Stdout)
+		section("stderr", out.Stderr)
+	} else {
+		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
+	}
 	if out.Hint != "" && !out.TimedOut {
 		b.WriteString("--- hint ---\n" + out.Hint + "\n")
 	}

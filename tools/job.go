@@ -174,7 +174,8 @@ func (d *Deps) job(ctx context.Context, c *call, in JobIn) (*mcp.CallToolResult,
 		notes = append(notes, fmt.Sprintf("KILL ended %d processes", st.Killed))
 	}
 	out.Hint = joinHints(notes...)
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
+	full := textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out, full)}}}, out, nil
 }
 
 func jobEntry(j session.JobInfo) JobEntry {
@@ -204,15 +205,20 @@ func renderJobs(out JobOut) string {
 	return b.String()
 }
 
-func renderJob(out JobOut) string {
+// renderJob is the text of a job result; unless full, the output is only
+// in the structured result (see renderExec).
+func renderJob(out JobOut, full bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s %s", out.Job, out.State)
 	if out.ExitCode != nil {
 		fmt.Fprintf(&b, " (exit code %d)", *out.ExitCode)
 	}
 	fmt.Fprintf(&b, "; stdout_offset %d, stderr_offset %d\n", out.StdoutOffset, out.StderrOffset)
+	if !full {
+		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
+	}
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
-		if s.text == "" {
+		if s.text == "" || !full {
 			continue
 		}
 		fmt.Fprintf(&b, "--- %s ---\n%s", s.name, s.text)

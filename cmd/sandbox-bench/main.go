@@ -120,6 +120,7 @@ func (b *bench) run(ctx context.Context) error {
 	}{
 		{"first exec of a new session", b.firstExec},
 		{"warm exec", b.warmExec},
+		{"warm exec after a 1 s pause", b.idleExec},
 		{"1 MiB read and write", b.fileIO},
 		{"32 sessions × 50 execs", b.concurrent},
 		{"memory per idle session", b.memory},

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -370,6 +371,9 @@ func (c Config) checkSecrets() error {
 	}
 	for _, kv := range c.Env {
 		name, val, _ := strings.Cut(kv, "=")
+		if slices.Contains(session.CABundleVars, name) {
+			errs = append(errs, fmt.Errorf("--env %s: with --secret, %s points at the sandbox's CA bundle (the image's roots and the proxy's CA); drop it from --env, and add other CAs to the image's roots instead", name, name))
+		}
 		for _, s := range c.Secrets {
 			switch {
 			case name == s.Name:

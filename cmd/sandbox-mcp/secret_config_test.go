@@ -51,6 +51,7 @@ func TestSecretFlag(t *testing.T) {
 		{append(net, "--secret", "GH@github.com", "--env", "GH"), "--env GH: GH is a --secret"},
 		{append(net, "--secret", "GH@github.com", "--env", "URL=https://x:"+testSecretValue+"@github.com"), "--env URL: its value contains the value of the secret GH"},
 		{append(net, "--secret", "GH@github.com", "--secret", "GH@api.github.com"), "given twice"},
+		{append(net, "--secret", "GH@github.com", "--env", "SSL_CERT_FILE=/x.pem"), "--env SSL_CERT_FILE: with --secret"},
 		{append(net, "--secret", "GH@*.github.com"), "wildcard"},
 		{append(net, "--secret", "GH"), "NAME@HOST"},
 		{append(net, "--secret", "SANDBOX_MCP_TOKEN@github.com"), "configure this server"},

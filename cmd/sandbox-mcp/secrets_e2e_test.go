@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -180,6 +181,21 @@ except Exception as e:
     print("handshake failed:", e)
 `
 
+// nodeConnect fetches /node from host:port (argv) through HTTPS_PROXY
+// with the token from the environment, and prints the response body.
+const nodeConnect = `const http = require("http"), tls = require("tls");
+const proxy = new URL(process.env.HTTPS_PROXY), target = process.argv[2];
+http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT", path: target}).on("connect", (res, sock) => {
+  const s = tls.connect({socket: sock, servername: target.split(":")[0]}, () => {
+    s.write("GET /node HTTP/1.1\r\nHost: " + target + "\r\nAuthorization: Bearer " + process.env.TOKEN + "\r\nConnection: close\r\n\r\n");
+  });
+  let data = "";
+  s.on("data", c => data += c);
+  s.on("end", () => console.log(data.split("\r\n\r\n")[1]));
+  s.on("error", e => { console.log("error", e.message); process.exit(1); });
+}).end();
+`
+
 // TestSecretsThroughTheProxy runs the built server with --secret on the
 // default image: curl, git and python's urllib in the sandbox use the
 // placeholder, the upstream gets the real value, and the value is nowhere
@@ -205,7 +221,7 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 	startArgs := []string{
 		"--network", "allowlist", "--allow-private-networks", "--audit-log", audit,
 		"--allow-host", strings.Join([]string{hp(good.port), hp(untrusted.port), hp(misnamed.port), fmt.Sprintf("localhost:%d", good.port)}, ","),
-		"--secret", "TOKEN@" + host, "--max-output-bytes", "4MiB", "--max-job-output-bytes", "4MiB",
+		"--secret", "TOKEN@" + host,
 	}
 	start := func() *server {
 		return startServer(t, serverOpts{image: testenv.DefaultImage(t), args: startArgs,
@@ -237,6 +253,13 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 	out, stderr, rc = exec(fmt.Sprintf(`python3 -c 'import os, urllib.request as u; r = u.Request("https://%s/py", headers={"Authorization": "token " + os.environ["TOKEN"]}); print(u.urlopen(r, timeout=20).read().decode())'`, hp(good.port)))
 	if rc != 0 || strings.TrimSpace(out) != "auth-sha256="+sha("token "+secretValue) {
 		t.Errorf("python urllib: rc %v, %q %q", rc, out, stderr)
+	}
+	// node, whose https ignores HTTPS_PROXY: a CONNECT by hand, and TLS that
+	// trusts the proxy's CA through NODE_EXTRA_CA_CERTS alone.
+	s.ok("sandbox_write_file", map[string]any{"path": "connect.js", "content": nodeConnect})
+	out, stderr, rc = exec(fmt.Sprintf(`node /workspace/connect.js %s`, hp(good.port)))
+	if rc != 0 || strings.TrimSpace(out) != "auth-sha256="+sha("Bearer "+secretValue) {
+		t.Errorf("node: rc %v, %q %q", rc, out, stderr)
 	}
 	// git over https with the placeholder as the URL's password (Basic).
 	out, stderr, rc = exec(fmt.Sprintf(`cd /workspace && git clone -q "https://x:$TOKEN@%s/git/repo.git" clone && git -C clone log --format=%%s`, hp(good.port)))
@@ -293,7 +316,10 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 
 	// The value is nowhere in the sandbox: the environment of its
 	// processes, /tmp (the CA bundle included), /workspace. Nor is a key.
-	dump, _, _ := exec(`cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'; find /tmp /workspace -type f -print0 2>/dev/null | xargs -0 cat 2>/dev/null`)
+	// A result shows a bounded part of a command's output: the dump goes to a
+	// file, read whole with sandbox_read_file.
+	exec(`{ cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'; find /tmp /workspace -type f ! -name sandbox-dump -print0 2>/dev/null | xargs -0 cat 2>/dev/null; } > /workspace/sandbox-dump`)
+	dump := readWhole(t, s, "sandbox-dump")
 	if !strings.Contains(dump, placeholder) || !strings.Contains(dump, "sandbox-mcp egress proxy CA") {
 		t.Fatalf("the dump of the sandbox lacks the placeholder or the bundle (%d bytes): the check would prove nothing", len(dump))
 	}
@@ -303,7 +329,7 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 	if strings.Contains(dump, "PRIVATE KEY") {
 		t.Error("a private key is in the sandbox")
 	}
-	bundle, _, _ := exec("cat " + agentproto.CABundlePath)
+	bundle, _, _ := exec("tail -c 4096 " + agentproto.CABundlePath)
 	s.cs.Close()
 	// The log and the audit log name the secret's use, never the value.
 	a, _ := os.ReadFile(audit)
@@ -318,10 +344,34 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 
 	// Another start of the server makes another CA.
 	s = start()
-	bundle2, _, _ := exec("cat " + agentproto.CABundlePath)
+	bundle2, _, _ := exec("tail -c 4096 " + agentproto.CABundlePath)
 	ca1, ca2 := lastCert(bundle), lastCert(bundle2)
 	if ca1 == "" || ca1 == ca2 {
 		t.Errorf("the CA did not change between server starts")
+	}
+}
+
+// readWhole reads a workspace file with as many sandbox_read_file calls
+// as it takes.
+func readWhole(t *testing.T, s *server, path string) string {
+	t.Helper()
+	var b strings.Builder
+	for offset := int64(0); ; {
+		m := s.ok("sandbox_read_file", map[string]any{"path": path, "offset": offset})
+		content := m["content"].(string)
+		if m["encoding"] == "base64" {
+			raw, err := base64.StdEncoding.DecodeString(content)
+			if err != nil {
+				t.Fatal(err)
+			}
+			content = string(raw)
+		}
+		b.WriteString(content)
+		next, _ := m["next_offset"].(float64)
+		if next == 0 || int64(next) <= offset {
+			return b.String()
+		}
+		offset = int64(next)
 	}
 }
 
@@ -332,4 +382,44 @@ func lastCert(bundle string) string {
 		return ""
 	}
 	return bundle[i:]
+}
+
+// TestSecretsWithPackageManagers: pip with the placeholder in its index
+// URL's user info, and npm with it as the registry's auth token, install
+// from an index that gets the real value; the packages run.
+func TestSecretsWithPackageManagers(t *testing.T) {
+	ix := startPackageIndex(t)
+	host, _, _ := net.SplitHostPort(ix.host)
+	caFile := filepath.Join(t.TempDir(), "ix.pem")
+	os.WriteFile(caFile, []byte(ix.caPEM), 0o644)
+	s := startServer(t, serverOpts{image: testenv.DefaultImage(t), args: append([]string{
+		"--network", "allowlist", "--allow-host", ix.host, "--allow-private-networks",
+		"--secret", "INDEX_TOKEN@" + host}, toolboxArgs...),
+		env: []string{"INDEX_TOKEN=" + secretValue, "SSL_CERT_FILE=" + caFile}})
+
+	out := s.run(fmt.Sprintf(`pip install --index-url "https://__token__:$INDEX_TOKEN@%s/simple/" sandbox-mcp-probe && python3 -c 'import sandbox_mcp_probe as p; print(p.VALUE)'`, ix.host), nil, 5*time.Minute)
+	if !strings.Contains(out["stdout"].(string), ix.token) {
+		t.Errorf("pip: the package did not run:\n%s\n%s", out["stdout"], out["stderr"])
+	}
+	if !ix.sawAuth("Basic " + base64.StdEncoding.EncodeToString([]byte("__token__:"+secretValue))) {
+		t.Errorf("pip: the index never got the real value as Basic credentials")
+	}
+	out = s.run(fmt.Sprintf(`npm config set "//%s/npm/:_authToken" "$INDEX_TOKEN" && mkdir app && cd app && npm install --no-audit --no-fund --registry https://%s/npm/ sandbox-mcp-probe && node -e 'console.log(require("sandbox-mcp-probe"))'`, ix.host, ix.host), nil, 5*time.Minute)
+	if !strings.Contains(out["stdout"].(string), ix.token) {
+		t.Errorf("npm: the package did not run:\n%s\n%s", out["stdout"], out["stderr"])
+	}
+	if !ix.sawAuth("Bearer " + secretValue) {
+		t.Errorf("npm: the index never got the real value as a bearer token")
+	}
+	ix.mu.Lock()
+	auths := slices.Clone(ix.auth)
+	ix.mu.Unlock()
+	for _, a := range auths {
+		if strings.Contains(a, "sbx-secret-") {
+			t.Errorf("the index got a placeholder: %q", a)
+		}
+	}
+	if strings.Contains(s.stderr.String(), secretValue) {
+		t.Error("the server's log holds the value")
+	}
 }
