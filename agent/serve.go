@@ -88,7 +88,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		return fmt.Errorf("agent: %w", err)
 	}
 	if _, ok := readStatus(os.Getpid()); !ok {
-		log.Warn("agent: /proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
+		log.Warn("/proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
 	}
 	ws, err := workspace.Open(opts.Workspace)
 	if err != nil {
@@ -152,7 +152,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		case err := <-readErr:
 			s.stopAll()
 			if errors.Is(err, io.EOF) {
-				log.Info("agent: server closed the stream")
+				log.Info("server closed the stream")
 				return nil
 			}
 			return fmt.Errorf("agent: read frame: %w", err)
@@ -174,7 +174,7 @@ func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc)
 		case now := <-t.C:
 			ttl := s.leaseTTL.Load()
 			if ttl > 0 && now.UnixNano()-s.lastFrame.Load() > ttl {
-				s.log.Warn("agent: lease expired; ending the sandbox", "ttl", time.Duration(ttl))
+				s.log.Warn("lease expired; ending the sandbox", "ttl", time.Duration(ttl))
 				cancel(fmt.Errorf("%w (%s)", ErrLeaseExpired, time.Duration(ttl)))
 				return
 			}
@@ -215,7 +215,7 @@ func (s *server) sendError(id uint64, err error) {
 		pe.Message = strings.ToValidUTF8(pe.Message[:maxErrorMessage], "") + "..."
 	}
 	if werr := s.send(id, agentproto.KindError, pe, nil); werr != nil {
-		s.log.Warn("agent: send error frame", "id", id, "err", werr)
+		s.log.Warn("send error frame", "id", id, "err", werr)
 	}
 }
 
@@ -228,7 +228,7 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		}
 	case agentproto.KindPing:
 		if err := s.send(f.ID, agentproto.KindPong, nil, nil); err != nil {
-			s.log.Warn("agent: send pong", "err", err)
+			s.log.Warn("send pong", "err", err)
 		}
 	case agentproto.KindData, agentproto.KindEOF:
 		s.mu.Lock()
@@ -403,7 +403,7 @@ func (s *server) finish(id uint64, res any, err error) {
 		return
 	}
 	if err := s.send(id, agentproto.KindResult, res, nil); err != nil {
-		s.log.Warn("agent: send result", "id", id, "err", err)
+		s.log.Warn("send result", "id", id, "err", err)
 		if errors.Is(err, agentproto.ErrNotSent) {
 			// The request still gets its terminal frame.
 			s.sendError(id, fmt.Errorf("the result could not be sent: %v", err))

@@ -331,6 +331,25 @@ type Limits struct {
 	MaxDepth   int   `json:"max_depth"`   // path components
 }
 
+// Workspace is where a sandbox's workspace is: the server mounts it there,
+// and the agent serves it from there (unless SANDBOX_MCP_WORKSPACE names
+// another directory). Paths in messages are relative to it.
+const Workspace = "/workspace"
+
+// The caps on a workspace tree carried as a tar stream, whichever way it
+// goes (a snapshot out, a restore in, the seed of --workspace-from): at most
+// MaxTreeEntries entries, at most MaxTreeDepth path components deep.
+const (
+	MaxTreeEntries = 1 << 20
+	MaxTreeDepth   = 256
+)
+
+// TreeLimits returns the Limits of a workspace tree's tar stream of at most
+// maxBytes.
+func TreeLimits(maxBytes int64) Limits {
+	return Limits{MaxBytes: maxBytes, MaxEntries: MaxTreeEntries, MaxDepth: MaxTreeDepth}
+}
+
 // SnapshotRequest asks for a tar stream of the whole workspace.
 type SnapshotRequest struct {
 	Limits

@@ -323,7 +323,7 @@ func readLine(br *bufio.Reader) (string, error) {
 		if err == nil {
 			break
 		}
-		if err != bufio.ErrBufferFull {
+		if !errors.Is(err, bufio.ErrBufferFull) {
 			return "", err
 		}
 	}

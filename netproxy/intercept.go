@@ -128,6 +128,7 @@ func (l *oneConnListener) Addr() net.Addr { return l.addr }
 // sandbox's placeholders replaced.
 type intercepted struct {
 	p        *Proxy
+	sb       *sandboxState
 	sandbox  string
 	d        *Decision
 	rw       *rewriter
@@ -148,7 +149,7 @@ type intercepted struct {
 // reason and the bytes read from each side.
 func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, up *tls.Conn, rawUp *meteredConn, d *Decision, sb *sandboxState) (reason string, bytesUp, bytesDown int64) {
 	start := time.Now()
-	t := &intercepted{p: p, sandbox: sb.id, d: d, first: up, ups: []*meteredConn{rawUp}}
+	t := &intercepted{p: p, sb: sb, sandbox: sb.id, d: d, first: up, ups: []*meteredConn{rawUp}}
 	t.rw = p.secrets.rewriter(sb.id, d.Normalized)
 	t.used = make([]bool, len(t.rw.names))
 	t.reported = make([]bool, len(t.rw.names))
@@ -172,7 +173,7 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 
 	leaf, err := p.ca.leaf(d.Normalized, start)
 	if err != nil {
-		p.log.Error("proxy: interception certificate", "sandbox", sb.id, "host", d.Normalized, "err", err)
+		p.log.Error("interception certificate", "sandbox", sb.id, "host", d.Normalized, "err", err)
 		return CloseError, 0, 0
 	}
 	host := d.Normalized
@@ -190,7 +191,7 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 	err = tc.HandshakeContext(hctx)
 	cancel()
 	if err != nil {
-		p.log.Warn("proxy: the sandbox's TLS handshake with the proxy failed", "sandbox", sb.id, "host", host, "err", innermost(err))
+		p.log.Warn("the sandbox's TLS handshake with the proxy failed", "sandbox", sb.id, "host", host, "err", innermost(err))
 		if ctx.Err() != nil {
 			return CloseCtx, 0, 0
 		}
@@ -228,7 +229,7 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			why := p.secrets.scrub(innermost(err))
-			p.log.Warn("proxy: an intercepted request failed", "sandbox", sb.id, "host", host, "err", why)
+			p.log.Warn("an intercepted request failed", "sandbox", sb.id, "host", host, "err", why)
 			reason := fmt.Sprintf("the request to %s failed: %s", host, quote(why))
 			w.Header().Set(ErrorHeader, headerSafe(reason))
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -333,6 +334,11 @@ func (t *intercepted) dialUpstream(ctx context.Context, _, _ string) (net.Conn, 
 	t.mu.Unlock()
 	if first != nil {
 		return first, nil
+	}
+	// A new connection counts against the sandbox's request rate, as a
+	// new tunnel would.
+	if ok, wait := t.sb.allow(time.Now()); !ok {
+		return nil, fmt.Errorf("this sandbox opens connections faster than %v per second, the limit; retry in %d s", float64(t.p.cfg.Rate), retryAfterSeconds(wait))
 	}
 	raw, err := t.p.dial(ctx, t.d.Addr, t.d.Port)
 	if err != nil {

@@ -100,9 +100,9 @@ func TestDialerControlRechecks(t *testing.T) {
 	}
 }
 
-// Row 16: the proxy's own listeners, DenyAddrs (exact, any port, and
+// Proxy case 16: the proxy's own listeners, DenyAddrs (exact, any port, and
 // unspecified = every local address) stay refused even with AllowPrivate.
-func TestRow16SelfAndDenyAddrs(t *testing.T) {
+func TestOwnListenersAndDenyAddrsRefused(t *testing.T) {
 	mcp := startServer(t, "tcp4", "127.0.0.1:0", silent) // stands in for the MCP HTTP listener
 	other := startServer(t, "tcp4", "127.0.0.1:0", silent)
 	echoSrv := startServer(t, "tcp4", "127.0.0.1:0", echo)
@@ -152,9 +152,9 @@ func TestRow16SelfAndDenyAddrs(t *testing.T) {
 	expectEcho(t, c, "ok")
 }
 
-// Row 49: a CONNECT inside an established tunnel is just bytes for the
+// Proxy case 49: a CONNECT inside an established tunnel is just bytes for the
 // upstream; the proxy makes one decision and one lookup.
-func TestRow49ConnectInsideTunnel(t *testing.T) {
+func TestConnectInsideTunnelIsJustBytes(t *testing.T) {
 	h, _ := publicHarness(t, Config{}, echo)
 	resp, _, c := h.connect("api.example.com:443")
 	if resp.StatusCode != 200 {

@@ -581,3 +581,42 @@ func TestInterceptAbsoluteForm(t *testing.T) {
 		t.Errorf("the upstream saw %+v", s)
 	}
 }
+
+// TestInterceptRedialIsRateLimited: the connections an intercepted tunnel
+// opens to its host count against the sandbox's request rate.
+func TestInterceptRedialIsRateLimited(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	h := newHarness(t, Config{
+		AllowPrivate: true, Rate: 0.01, Burst: 2, // the CONNECT and one more
+		Allow:   mustAllowlist(t, fmt.Sprintf("example.com:%d", port)),
+		Secrets: []Secret{{Name: "TOKEN", Value: testSecret, Hosts: []string{"example.com"}}},
+		RootCAs: upstreamRoots(srv),
+	}, realDialer)
+	h.res.setAddrs("example.com", "127.0.0.1")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(h.p.CACert())
+	resp, _, c := h.connect(fmt.Sprintf("example.com:%d", port))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: "example.com", RootCAs: pool})
+	br := bufio.NewReader(tc)
+	var bodies []string
+	for i := range 3 {
+		fmt.Fprintf(tc, "GET /%d HTTP/1.1\r\nHost: example.com\r\n\r\n", i)
+		r, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		bodies = append(bodies, fmt.Sprintf("%d %s", r.StatusCode, b))
+	}
+	if bodies[0] != "200 ok" || bodies[1] != "200 ok" || !strings.HasPrefix(bodies[2], "502 ") || !strings.Contains(bodies[2], "faster than") {
+		t.Errorf("answers %q: want two served (the tunnel's connection and one new one), then a 502 for the rate", bodies)
+	}
+}

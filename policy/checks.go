@@ -9,11 +9,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Workspace is the absolute path of every sandbox's workspace.
-const Workspace = "/workspace"
+const Workspace = agentproto.Workspace
 
 // MaxArgv is the most argv items sandbox_exec takes.
 const MaxArgv = 64
@@ -100,7 +101,15 @@ func CheckArgv(argv []string) Decision {
 	return Allowed
 }
 
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+// EnvNamePattern is what an environment variable's name must match, in a
+// tool call's env and in the server's --env: a letter or underscore, then
+// letters, digits and underscores.
+const EnvNamePattern = `^[A-Za-z_][A-Za-z0-9_]*$`
+
+var envName = regexp.MustCompile(EnvNamePattern)
+
+// ValidEnvName reports whether name matches EnvNamePattern.
+func ValidEnvName(name string) bool { return envName.MatchString(name) }
 
 // CheckEnv validates sandbox_exec's env, at most MaxEnvBytes in all, and
 // returns it as sorted NAME=VALUE pairs.

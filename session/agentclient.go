@@ -560,7 +560,7 @@ func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 		go func() { inErr <- sendInput(p) }()
 		defer func() {
 			if err := <-inErr; err != nil && !errors.As(err, new(errLocal)) {
-				c.log.Debug("session: sending request input", "err", err)
+				c.log.Debug("sending request input", "err", err)
 			}
 		}()
 	}

@@ -81,7 +81,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		inst.allowed = make(map[string]string)
 		for i, p := range paths {
 			if p == "" {
-				log.Warn("session: allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
+				log.Warn("allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
 				continue
 			}
 			inst.allowed[p] = m.opts.Policy.AllowCmds[i]
@@ -89,7 +89,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
-	log.Info("session: sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
+	log.Info("sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
 		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
 	return inst, nil
 }

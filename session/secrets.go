@@ -50,7 +50,7 @@ func (m *Manager) setupSandbox(ctx context.Context, c *conn) error {
 		return fmt.Errorf("write the proxy's CA bundle in the sandbox: %w", err)
 	}
 	if res.SystemRoots == "" {
-		m.log.Warn("session: the image has no root certificates; the sandbox's CA bundle holds only the proxy's CA, so only hosts with a secret verify", "bundle", res.CABundle)
+		m.log.Warn("the image has no root certificates; the sandbox's CA bundle holds only the proxy's CA, so only hosts with a secret verify", "bundle", res.CABundle)
 	}
 	return nil
 }

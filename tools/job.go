@@ -87,11 +87,11 @@ func jobInputSchema() *jsonschema.Schema {
 	})
 }
 
-func (d *Deps) job(ctx context.Context, c *call, in JobIn) (*mcp.CallToolResult, JobOut, error) {
-	var out JobOut
-	p := d.Policy
-	if dec := p.CanExec(); !dec.Allow {
-		return nil, out, dec.Err()
+func (in JobIn) target() string { return in.Sandbox }
+
+func (d *Deps) checkJob(in JobIn) (JobIn, error) {
+	if dec := d.Policy.CanExec(); !dec.Allow {
+		return in, dec.Err()
 	}
 	var offsets []int64
 	for _, o := range []*int64{in.StdoutOffset, in.StderrOffset} {
@@ -100,13 +100,14 @@ func (d *Deps) job(ctx context.Context, c *call, in JobIn) (*mcp.CallToolResult,
 		}
 	}
 	if dec := policy.CheckJob(in.Job, in.WaitMS, in.Stdin, in.CloseStdin, in.Signal, offsets...); !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+	return in, nil
+}
+
+func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.CallToolResult, JobOut, error) {
+	out := JobOut{Sandbox: sb.ID()}
+	p := d.Policy
 	if in.Job == "" {
 		jobs, err := sb.Jobs(ctx)
 		if err != nil {

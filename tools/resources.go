@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -51,13 +51,10 @@ type SecretView struct {
 	Note  string   `json:"note"`
 }
 
-// SecretViews describes secrets for the policy resource.
-func SecretViews(secrets []netproxy.Secret) []SecretView {
-	var out []SecretView
-	for _, s := range secrets {
-		out = append(out, SecretView{Name: s.Name, Hosts: s.Hosts, Note: "$" + s.Name + " holds a placeholder; use it as the credential (header, URL user info) in https requests to these hosts and the proxy puts the real value in its place"})
-	}
-	return out
+// SecretViewOf describes, for the policy resource, the secret of the
+// variable name that the egress proxy puts into requests to hosts.
+func SecretViewOf(name string, hosts []string) SecretView {
+	return SecretView{Name: name, Hosts: hosts, Note: "$" + name + " holds a placeholder; use it as the credential (header, URL user info) in https requests to these hosts and the proxy puts the real value in its place"}
 }
 
 // ViewOf returns the resource view of p.
@@ -72,7 +69,6 @@ func ViewOf(p policy.Policy, image string, env []string) PolicyView {
 }
 
 func registerResources(s *mcp.Server, d *Deps) {
-	m := d.Sessions.Manager()
 	s.AddResource(&mcp.Resource{
 		URI:         PolicyURI,
 		Name:        "policy",
@@ -102,8 +98,8 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		info, f, err := m.Snapshots().Open(id)
-		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
+		info, f, err := d.Sessions.snapshots().Open(id)
+		if errors.Is(err, session.ErrSnapshotNotFound) || (err == nil && info.Owner != owner) {
 			if f != nil {
 				f.Close()
 			}
@@ -182,7 +178,7 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 		if d.Sessions.OwnerOf != nil {
 			owner = d.Sessions.OwnerOf(req.GetExtra())
 		}
-		all, err := d.Sessions.Manager().Snapshots().List()
+		all, err := d.Sessions.snapshots().List()
 		if err != nil {
 			return nil, err
 		}

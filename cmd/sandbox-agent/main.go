@@ -30,7 +30,7 @@ func main() {
 		probeIOURing(os.Stdout)
 		return
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "agent")
 	fs := flag.NewFlagSet("sandbox-agent", flag.ContinueOnError)
 	userFlag := fs.String("user", "", "UID:GID of the sandbox user every command runs as (required)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -38,16 +38,16 @@ func main() {
 	}
 	user, err := agent.ParseUser(*userFlag)
 	if err != nil {
-		log.Error("agent: bad -user", "err", err)
+		log.Error("bad -user", "err", err)
 		os.Exit(2)
 	}
 	if err := agent.DropPrivileges(user); err != nil {
-		log.Error("agent: cannot take the sandbox user's identity", "err", err)
+		log.Error("cannot take the sandbox user's identity", "err", err)
 		os.Exit(1)
 	}
 	workspace := os.Getenv("SANDBOX_MCP_WORKSPACE")
 	if workspace == "" {
-		workspace = "/workspace"
+		workspace = agentproto.Workspace
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -1,6 +1,7 @@
 // Command sandbox-bench measures sandbox-mcp against its baselines, side by
-// side in one run (SPEC §7), through a real MCP client, and writes the
-// results as JSON, a Markdown table and a plot of the latency distributions.
+// side in one run (every performance goal in the README), through a real
+// MCP client, and writes the results as JSON, a Markdown table and a plot
+// of the latency distributions.
 //
 //	go run ./cmd/sandbox-bench -bin bin -out docs/bench    (make bench)
 //
@@ -40,7 +41,7 @@ func main() {
 	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
 	flag.Parse()
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "bench")
 	b := &bench{bin: *bin, image: *img, scale: *scale, log: log, only: *only}
 	if err := b.run(context.Background()); err != nil {
 		log.Error("bench failed", "err", err)
@@ -131,7 +132,7 @@ func (b *bench) run(ctx context.Context) error {
 		if !b.selected(s.name) {
 			continue
 		}
-		b.log.Info("bench: " + s.name)
+		b.log.Info("step", "name", s.name)
 		if err := s.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}

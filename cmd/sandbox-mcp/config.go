@@ -587,8 +587,6 @@ type envList struct {
 	f        *flagSet
 }
 
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
 func (e *envList) String() string {
 	names := make([]string, len(e.resolved))
 	for i, kv := range e.resolved {
@@ -599,7 +597,7 @@ func (e *envList) String() string {
 
 func (e *envList) Set(s string) error {
 	name, val, hasVal := strings.Cut(s, "=")
-	if !envName.MatchString(name) {
+	if !policy.ValidEnvName(name) {
 		return fmt.Errorf("%q: want NAME=VALUE or NAME, with NAME matching [A-Za-z_][A-Za-z0-9_]*", name)
 	}
 	if !hasVal {
