@@ -633,3 +633,10 @@ func unavailable(err error) error {
 	return errcode.Errorf(errcode.Unavailable,
 		"the sandbox stopped (%v); its workspace is lost and its jobs ended. Call again: the next call starts a fresh sandbox, with no jobs", err)
 }
+
+// snapshotLimits are the caps on a workspace's tar stream, both ways. The
+// stream holds the workspace's bytes plus headers and padding: the workspace
+// cap plus some room for those is the ceiling.
+func snapshotLimits(p policy.Policy) agentproto.Limits {
+	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
+}
