@@ -146,7 +146,7 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 		return JobResult{}, err
 	}
 	if s.idle() {
-		return JobResult{}, errcode.Errorf(errcode.NotFound, "no job %d in this sandbox: nothing has run in it yet; sandbox_exec starts jobs", id)
+		return JobResult{}, errcode.Errorf(errcode.NotFound, "no job %d in this sandbox: no command has run in its current container (jobs do not survive a restart); sandbox_exec starts jobs", id)
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
