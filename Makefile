@@ -32,6 +32,12 @@ image: ## build the default sandbox image without a registry (debootstrap and ap
 testimage: ## build the small busybox image the tests use
 	bash image/testimage/build.sh
 
+.PHONY: server-image
+server-image: ## build the server's own image (FROM scratch, static binaries; for deploy/kubernetes/)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/static/sandbox-agent ./cmd/sandbox-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/static/sandbox-mcp ./cmd/sandbox-mcp
+	bash image/server/build.sh $(BIN)/static
+
 .PHONY: run
 run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
 	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2
