@@ -205,6 +205,7 @@ type guard struct {
 	idle    time.Duration // --idle-timeout, for messages
 
 	sessions *tools.Sessions
+	server   *mcp.Server // its sessions are the ones this process holds
 	quota    *sessionQuota
 	mcp      http.Handler // the SDK's streamable handler
 	authed   http.Handler // token check, then serveMCP
@@ -219,6 +220,7 @@ func newGuard(cfg Config, addr *net.TCPAddr, server *mcp.Server, sessions *tools
 		maxBody:  maxRequestBody(cfg.Policy.MaxFileBytes),
 		idle:     cfg.IdleTimeout,
 		sessions: sessions,
+		server:   server,
 		quota:    newSessionQuota(server, cfg.HTTP.MaxSessions, cfg.HTTP.SessionsPerCaller()),
 		log:      log,
 	}
@@ -349,6 +351,17 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if g.sessions.End(id, caller) {
 			g.log.Info("session deleted: its sandbox was removed", "session", id)
 		}
+	case (r.Method == http.MethodPost || r.Method == http.MethodGet) && id != "" && !g.holds(id):
+		// A session this process does not hold: made by a server
+		// (replica) that is gone or restarted, or by another replica
+		// the request was routed away from. 404 makes clients start a
+		// new session (the MCP rule for an ended session); the body
+		// says what happened and what survives.
+		g.refuse(w, r, http.StatusNotFound, "UNAVAILABLE: this server does not hold that MCP session: "+
+			"the server or replica that made it has restarted or is gone, and the session's sandbox with it "+
+			"(or a load balancer sent the request to another replica: route each session to one replica). "+
+			"Start a new session (initialize again); snapshots you made are kept, and sandbox_restore brings one back")
+		return
 	case r.Method == http.MethodPost && id == "":
 		// The one request from which the SDK makes a session (it looks
 		// the header up the same way), whatever its body holds.
@@ -367,6 +380,16 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		r = admitted
 	}
 	g.mcp.ServeHTTP(w, r)
+}
+
+// holds reports whether the MCP session id is one this process serves.
+func (g *guard) holds(id string) bool {
+	for ss := range g.server.Sessions() {
+		if ss.ID() == id {
+			return true
+		}
+	}
+	return false
 }
 
 // hostAllowed reports whether a Host header names this server.
