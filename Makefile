@@ -38,6 +38,10 @@ server-image: ## build the server's own image (FROM scratch, static binaries; fo
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/static/sandbox-mcp ./cmd/sandbox-mcp
 	bash image/server/build.sh $(BIN)/static
 
+.PHONY: scale-sim
+scale-sim: ## simulate the Kubernetes backend's control path on kwok fake nodes (NODES=1000 SANDBOXES=10000; ~10-20 minutes)
+	NODES=$(or $(NODES),1000) SANDBOXES=$(or $(SANDBOXES),10000) bash hack/scale-sim.sh
+
 .PHONY: run
 run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
 	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2
