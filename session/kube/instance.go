@@ -21,9 +21,9 @@ type Sandbox struct {
 	done      chan struct{} // the exec stream ended
 	streamErr error         // why; set before done closes
 
-	removeErr  error
-	removed    chan struct{}
-	removeMu   sync.Mutex
+	removeErr error
+	removed   chan struct{}
+	removeMu  sync.Mutex
 }
 
 // Name is the pod's name.
