@@ -32,6 +32,10 @@ image: ## build the default sandbox image without a registry (debootstrap and ap
 testimage: ## build the small busybox image the tests use
 	bash image/testimage/build.sh
 
+.PHONY: k8s-images
+k8s-images: ## build the agent image and load it and the sandbox images into the test node (../shared/tools/k8s)
+	bash hack/k8s-images.sh $(K8S_IMAGES)
+
 .PHONY: run
 run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
 	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2
