@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
@@ -12,3 +13,5 @@ func isUnavailable(err error) bool {
 	e, ok := errcode.As(err)
 	return ok && e.Code == errcode.Unavailable
 }
+
+func errorf(format string, a ...any) error { return fmt.Errorf(format, a...) }
