@@ -56,6 +56,9 @@ type Config struct {
 	LeaseDuration time.Duration
 	// StartTimeout; 0 means DefaultStartTimeout.
 	StartTimeout time.Duration
+	// Proxy is where pods reach this server's egress proxy; nil when the
+	// server has none (every sandbox without network).
+	Proxy *Proxy
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -132,6 +135,9 @@ func (c *Cluster) Prepare(ctx context.Context) error {
 	if err := c.renewLease(ctx); err != nil {
 		return err
 	}
+	if err := c.preparePolicies(ctx); err != nil {
+		return err
+	}
 	c.leaseOnce.Do(func() {
 		lctx, cancel := context.WithCancel(context.Background())
 		c.leaseStop, c.leaseDone = cancel, make(chan struct{})
@@ -190,11 +196,12 @@ func (c *Cluster) Close(ctx context.Context) error {
 		c.leaseStop()
 		<-c.leaseDone
 	}
+	perr := c.deleteProxyPolicy(ctx, c.cfg.Instance)
 	err := c.cs.CoordinationV1().Leases(c.cfg.Namespace).Delete(ctx, LeaseName(c.cfg.Instance), metav1.DeleteOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil
+		return perr
 	}
-	return apiError("delete lease", err)
+	return errors.Join(perr, apiError("delete lease", err))
 }
 
 // leaseExpired reports whether a lease is past its renew time plus its
@@ -254,7 +261,10 @@ func (c *Cluster) Sweep(ctx context.Context) (int, error) {
 	}
 	for i := range ls.Items {
 		l := &ls.Items[i]
-		if l.Labels[LabelInstance] != c.cfg.Instance && leaseExpired(l, now) {
+		if inst := l.Labels[LabelInstance]; inst != c.cfg.Instance && leaseExpired(l, now) {
+			if err := c.deleteProxyPolicy(ctx, inst); err != nil {
+				c.log.Warn("kube: sweep: delete network policy", "instance", inst, "err", err)
+			}
 			if err := leases.Delete(ctx, l.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				c.log.Warn("kube: sweep: delete lease", "lease", l.Name, "err", err)
 			}

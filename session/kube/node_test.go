@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -301,5 +303,68 @@ func TestSweepByLease(t *testing.T) {
 	}
 	if _, err := live.cs.CoordinationV1().Leases(ns).Get(ctx, LeaseName("srv-dead"), metav1.GetOptions{}); err == nil {
 		t.Error("the expired lease was not deleted")
+	}
+}
+
+// TestNetworkPolicies: a sandbox pod without network reaches nothing; an
+// allowlist pod reaches its server's proxy port and nothing else.
+func TestNetworkPolicies(t *testing.T) {
+	rc := testNode(t)
+	ns := testNamespace(t, rc)
+	const nodeIP = "100.72.0.1" // the test node's address on the pod network
+	var open []int
+	for range 2 {
+		ln, err := net.Listen("tcp", nodeIP+":0")
+		if err != nil {
+			t.Skipf("cannot listen on the test node's pod-network address %s: %v", nodeIP, err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte("hello\n"))
+				c.Close()
+			}
+		}()
+		open = append(open, ln.Addr().(*net.TCPAddr).Port)
+	}
+	proxyPort, otherPort := open[0], open[1]
+	c, err := NewCluster(rc, Config{Namespace: ns, Instance: "srv-net", AgentImage: testAgentImage(t),
+		PullPolicy: corev1.PullNever, StartTimeout: 90 * time.Second,
+		Proxy: &Proxy{Port: proxyPort, CIDR: nodeIP + "/32"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := c.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+
+	probe := func(network string) string {
+		p := sandboxParams("sandbox-mcp-sb-net-" + network)
+		p.Network = network
+		sb, err := c.Start(ctx, "sb-net-"+network, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sb.Remove(ctx)
+		r, w := agentproto.NewReader(sb.Stdout()), agentproto.NewWriter(sb.Stdin())
+		if _, err := r.Read(); err != nil {
+			t.Fatal(err)
+		}
+		script := fmt.Sprintf("for p in %d %d; do if nc -w 3 %s $p </dev/null | grep -q hello; then echo $p open; else echo $p closed; fi; done", proxyPort, otherPort, nodeIP)
+		out, _ := agentExec(t, r, w, 1, agentproto.ExecRequest{Argv: []string{"sh", "-c", script}, Cwd: ".", MaxOutput: 4096, TimeoutMillis: 30000})
+		return out
+	}
+	if out, want := probe(NetworkNone), fmt.Sprintf("%d closed\n%d closed\n", proxyPort, otherPort); out != want {
+		t.Errorf("network none:\n%s\nwant\n%s", out, want)
+	}
+	if out, want := probe(NetworkProxy), fmt.Sprintf("%d open\n%d closed\n", proxyPort, otherPort); out != want {
+		t.Errorf("network proxy:\n%s\nwant\n%s", out, want)
 	}
 }

@@ -72,6 +72,10 @@ type Params struct {
 	// EphemeralBytes is the ephemeral-storage limit; 0 means
 	// DefaultEphemeralBytes.
 	EphemeralBytes int64
+	// Network is NetworkNone (no traffic in or out) or NetworkProxy (out to
+	// the server's proxy only); "" means NetworkNone. The NetworkPolicies
+	// select pods by it.
+	Network string
 	// RuntimeClass is the pod's runtimeClassName ("" for the cluster's
 	// default; "gvisor", "kata" where the cluster offers them).
 	RuntimeClass string
@@ -122,12 +126,20 @@ func Pod(p Params) *corev1.Pod {
 		corev1.ResourceCPU:              resource.MustParse("100m"),
 		corev1.ResourceEphemeralStorage: *resource.NewQuantity(AgentVolumeBytes, resource.BinarySI),
 	}
+	labels := maps.Clone(p.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelNetwork] = NetworkNone
+	if p.Network == NetworkProxy {
+		labels[LabelNetwork] = NetworkProxy
+	}
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        p.Name,
 			Namespace:   p.Namespace,
-			Labels:      maps.Clone(p.Labels),
+			Labels:      labels,
 			Annotations: maps.Clone(p.Annotations),
 		},
 		Spec: corev1.PodSpec{

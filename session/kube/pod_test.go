@@ -205,3 +205,33 @@ func TestPodStarted(t *testing.T) {
 		}
 	}
 }
+
+func TestNetworkPolicyShapes(t *testing.T) {
+	iso := IsolationPolicy("ns")
+	if len(iso.Spec.Ingress) != 0 || len(iso.Spec.Egress) != 0 || len(iso.Spec.PolicyTypes) != 2 {
+		t.Errorf("isolation policy allows something: %+v", iso.Spec)
+	}
+	if iso.Spec.PodSelector.MatchLabels[LabelRole] != "sandbox" {
+		t.Errorf("isolation policy selects %v", iso.Spec.PodSelector.MatchLabels)
+	}
+	pp := ProxyPolicy("ns", "srv-1", Proxy{Port: 3128, CIDR: "10.0.0.1/32"})
+	sel := pp.Spec.PodSelector.MatchLabels
+	if sel[LabelInstance] != "srv-1" || sel[LabelNetwork] != NetworkProxy {
+		t.Errorf("proxy policy selects %v", sel)
+	}
+	if len(pp.Spec.Egress) != 1 || len(pp.Spec.Egress[0].To) != 1 || pp.Spec.Egress[0].To[0].IPBlock.CIDR != "10.0.0.1/32" ||
+		len(pp.Spec.Egress[0].Ports) != 1 || pp.Spec.Egress[0].Ports[0].Port.IntValue() != 3128 {
+		t.Errorf("proxy policy egress %+v", pp.Spec.Egress)
+	}
+	if len(pp.Spec.Ingress) != 0 {
+		t.Error("proxy policy allows ingress")
+	}
+	p := testParams()
+	if Pod(p).Labels[LabelNetwork] != NetworkNone {
+		t.Error("a pod without a network mode is not on NetworkNone")
+	}
+	p.Network = NetworkProxy
+	if Pod(p).Labels[LabelNetwork] != NetworkProxy {
+		t.Error("network label not set")
+	}
+}
