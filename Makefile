@@ -42,6 +42,10 @@ server-image: ## build the server's own image (FROM scratch, static binaries; fo
 scale-sim: ## simulate the Kubernetes backend's control path on kwok fake nodes (NODES=1000 SANDBOXES=10000; ~10-20 minutes)
 	NODES=$(or $(NODES),1000) SANDBOXES=$(or $(SANDBOXES),10000) bash hack/scale-sim.sh
 
+.PHONY: k8s-images
+k8s-images: ## build the agent image and load it and the sandbox images into the test node (../shared/tools/k8s)
+	bash hack/k8s-images.sh $(K8S_IMAGES)
+
 .PHONY: run
 run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
 	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2

@@ -119,9 +119,21 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 		stdin = c.in
 	}
 
-	group, err := s.groups.take()
-	if err != nil {
-		return res, errcode.Errorf(errcode.Busy, "%v", err)
+	var group uint32
+	if !s.opts.Unprivileged {
+		g, err := s.groups.take()
+		if err != nil {
+			return res, errcode.Errorf(errcode.Busy, "%v", err)
+		}
+		group = g
+	}
+	// members tells a command's processes from the others: by its group,
+	// or, unprivileged, by the process tree from its process group.
+	members := func(pgid int) func(procInfo, map[int]*member) bool {
+		if s.opts.Unprivileged {
+			return treeMembers(pgid, true)
+		}
+		return groupMembers(group)
 	}
 	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+1)
 	env = append(env, s.opts.Env...)
@@ -163,9 +175,16 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 		runCtx, cancelRun = context.WithTimeout(ctx, time.Duration(req.TimeoutMillis)*time.Millisecond)
 	}
 	defer cancelRun()
-	unwatch := context.AfterFunc(runCtx, func() { killTree(0, group) })
+	// Unprivileged, a command stopped before it executes its program is not
+	// found here (its pid is not known yet); the stopped start then holds
+	// the call until the sandbox ends.
+	unwatch := context.AfterFunc(runCtx, func() { killTree(0, members(0)) })
 	start := time.Now()
-	err = startAs(cmd, s.opts.User, group)
+	if s.opts.Unprivileged {
+		err = cmd.Start()
+	} else {
+		err = startAs(cmd, s.opts.User, group)
+	}
 	killedAtStart := !unwatch()
 	if err != nil {
 		outR.Close()
@@ -207,7 +226,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 		}
 	case <-runCtx.Done():
 		stopped()
-		res.Killed = killTree(pgid, group)
+		res.Killed = killTree(pgid, members(pgid))
 		waitErr = <-waited
 	}
 	res.DurationNano = int64(time.Since(start))
