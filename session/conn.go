@@ -18,6 +18,10 @@ import (
 // connection ends when one is seen.
 var errProtocol = errors.New("agent broke the protocol")
 
+// errRemoved ends the connection of a sandbox the server removes on
+// purpose: that is no fault, and is logged as information.
+var errRemoved = errors.New("the sandbox was removed")
+
 // conn is the server's end of the protocol with one sandbox's agent, over a
 // stream of frames (for a container, its attach stream as demuxAttach
 // splits it). Everything read from it is untrusted.
@@ -162,7 +166,11 @@ func (c *conn) readLoop(r *agentproto.Reader) {
 // fail ends the connection once, recording why.
 func (c *conn) fail(err error) {
 	if c.deadErr.CompareAndSwap(nil, &err) {
-		c.log.Warn("session: agent connection ended", "err", err)
+		level := slog.LevelWarn
+		if errors.Is(err, errRemoved) {
+			level = slog.LevelInfo
+		}
+		c.log.Log(context.Background(), level, "session: agent connection ended", "err", err)
 		close(c.dead)
 		c.raw.Close()
 	}

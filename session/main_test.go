@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
+
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // agentBin is the agent built for this test run; intruderBin is the static
@@ -82,8 +85,8 @@ func testManager(t *testing.T, edit func(*Options)) *Manager {
 		if err := m.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		left := testenv.Containers(t, cli, LabelInstance, instance)
-		testenv.RemoveLabelled(cli, LabelInstance, instance)
+		left := testenv.Containers(t, cli, engine.LabelInstance, instance)
+		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind after Close: %v", left)
 		}
@@ -133,3 +136,6 @@ func sh(t *testing.T, sb *Sandbox, script string) ExecResult {
 	t.Helper()
 	return run(t, sb, "sh", "-c", script)
 }
+
+// isGone reports an engine error that means the object no longer exists.
+func isGone(err error) bool { return cerrdefs.IsNotFound(err) }

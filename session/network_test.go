@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // mapResolver resolves test names to fixed addresses.
@@ -148,7 +149,7 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 
 	// The container joined its own internal network, with the gateway as
 	// its only resolver.
-	insp, err := m.cli.ContainerInspect(context.Background(), sb.ContainerID(), client.ContainerInspectOptions{})
+	insp, err := testenv.Engine(t).ContainerInspect(context.Background(), sb.ContainerID(), client.ContainerInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,23 +158,23 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 	if !strings.HasPrefix(netName, "sandbox-mcp-"+sb.ID()) || len(h.DNS) != 1 {
 		t.Fatalf("network mode %q, dns %v", netName, h.DNS)
 	}
-	nw, err := m.cli.NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{})
+	nw, err := testenv.Engine(t).NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !nw.Network.Internal || nw.Network.Labels[LabelSandbox] != sb.ID() || nw.Network.Labels[LabelInstance] != m.Instance() {
+	if !nw.Network.Internal || nw.Network.Labels[engine.LabelSandbox] != sb.ID() || nw.Network.Labels[engine.LabelInstance] != m.Instance() {
 		t.Fatalf("network: internal %v labels %v", nw.Network.Internal, nw.Network.Labels)
 	}
-	if len(nw.Network.IPAM.Config) != 1 || !DefaultNetworkPool.Contains(nw.Network.IPAM.Config[0].Subnet.Addr()) || h.DNS[0] != nw.Network.IPAM.Config[0].Gateway {
+	if len(nw.Network.IPAM.Config) != 1 || !engine.DefaultNetworkPool.Contains(nw.Network.IPAM.Config[0].Subnet.Addr()) || h.DNS[0] != nw.Network.IPAM.Config[0].Gateway {
 		t.Fatalf("network IPAM %v, dns %v", nw.Network.IPAM.Config, h.DNS)
 	}
 
 	// Removing the sandbox removes the network and its firewall rules.
 	m.Release(t.Name())
-	if _, err := m.cli.NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{}); !isGone(err) {
+	if _, err := testenv.Engine(t).NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{}); !isGone(err) {
 		t.Fatalf("network %s left after the sandbox: %v", netName, err)
 	}
-	rules, _ := exec.Command("iptables", "-S", FirewallChain).Output()
+	rules, _ := exec.Command("iptables", "-S", engine.FirewallChain).Output()
 	if strings.Contains(string(rules), netName) {
 		t.Fatalf("firewall rules left:\n%s", rules)
 	}
@@ -212,61 +213,6 @@ func TestEgressSandboxesCannotReachEachOther(t *testing.T) {
 	}
 }
 
-func TestSweepLeftoverNetwork(t *testing.T) {
-	m := egressManager(t, false, "api.test:443")
-	ctx := context.Background()
-	// A network a server that no longer runs left behind: its labels name
-	// this host and a pid that is gone.
-	labels := ownerLabels()
-	labels[LabelPID] = "999999999"
-	labels[LabelManaged] = "1"
-	labels[LabelInstance] = "dead-" + randomID("")[:8]
-	name := "sandbox-mcp-leftover-" + randomID("")[:8]
-	if _, err := m.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{Driver: "bridge", Internal: true, Labels: labels}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.cli.NetworkRemove(context.Background(), name, client.NetworkRemoveOptions{}) })
-	// One of a live server's, just made: left alone.
-	live := ownerLabels()
-	live[LabelManaged] = "1"
-	live[LabelInstance] = "live-" + randomID("")[:8]
-	liveName := "sandbox-mcp-live-" + randomID("")[:8]
-	if _, err := m.cli.NetworkCreate(ctx, liveName, client.NetworkCreateOptions{Driver: "bridge", Internal: true, Labels: live}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.cli.NetworkRemove(context.Background(), liveName, client.NetworkRemoveOptions{}) })
-
-	if _, err := m.sweepNetworks(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{}); !isGone(err) {
-		t.Errorf("the dead server's network was not swept: %v", err)
-	}
-	if _, err := m.cli.NetworkInspect(ctx, liveName, client.NetworkInspectOptions{}); err != nil {
-		t.Errorf("a live server's network was swept: %v", err)
-	}
-}
-
-func TestOwnerGone(t *testing.T) {
-	if ownerGone(ownerLabels()) {
-		t.Fatal("this process counts as gone")
-	}
-	l := ownerLabels()
-	l[LabelStart] = "1"
-	if !ownerGone(l) {
-		t.Fatal("a reused pid (other start time) counts as alive")
-	}
-	l = ownerLabels()
-	l[LabelHost] = "another-host"
-	l[LabelPID] = "999999999"
-	if ownerGone(l) {
-		t.Fatal("another host's process cannot be known gone")
-	}
-	if ownerGone(map[string]string{}) {
-		t.Fatal("no labels: unknown, not gone")
-	}
-}
-
 // runPlain runs script in a plain container of the test image (not a
 // sandbox: the engine's defaults) on the given network, and returns its
 // output. The container is labelled with the manager's instance and removed.
@@ -274,12 +220,12 @@ func runPlain(t *testing.T, m *Manager, networkMode, script string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	created, err := m.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+	created, err := testenv.Engine(t).ContainerCreate(ctx, client.ContainerCreateOptions{
 		Config: &container.Config{
 			Image:  testenv.TestImage(t),
 			Cmd:    []string{"sh", "-c", script},
 			Tty:    true, // the log is the raw output
-			Labels: map[string]string{LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
+			Labels: map[string]string{engine.LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
 		},
 		HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(networkMode)},
 	})
@@ -287,18 +233,18 @@ func runPlain(t *testing.T, m *Manager, networkMode, script string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		m.cli.ContainerRemove(context.Background(), created.ID, client.ContainerRemoveOptions{Force: true})
+		testenv.Engine(t).ContainerRemove(context.Background(), created.ID, client.ContainerRemoveOptions{Force: true})
 	})
-	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+	if _, err := testenv.Engine(t).ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	wait := m.cli.ContainerWait(ctx, created.ID, client.ContainerWaitOptions{})
+	wait := testenv.Engine(t).ContainerWait(ctx, created.ID, client.ContainerWaitOptions{})
 	select {
 	case <-wait.Result:
 	case err := <-wait.Error:
 		t.Fatalf("wait for the plain container: %v", err)
 	}
-	logs, err := m.cli.ContainerLogs(ctx, created.ID, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
+	logs, err := testenv.Engine(t).ContainerLogs(ctx, created.ID, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +270,7 @@ func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
 
 	// The firewall resets the listener's port to every interface but the
 	// sandbox's bridge; the proxy itself serves the sandbox's address only.
-	rules, _ := exec.Command("iptables", "-S", FirewallChain).Output()
+	rules, _ := exec.Command("iptables", "-S", engine.FirewallChain).Output()
 	if !regexp.MustCompile(`! -i sbx-\S+ -p tcp -m tcp --dport `+port+` .*-j REJECT`).Match(rules) &&
 		!regexp.MustCompile(`-d `+host+`/32 ! -i sbx-\S+ -p tcp -m tcp --dport `+port+` .*-j REJECT`).Match(rules) {
 		t.Errorf("no rule keeps other interfaces off the proxy's port %s:\n%s", port, rules)

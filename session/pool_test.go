@@ -8,6 +8,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 func waitWarm(t *testing.T, m *Manager, n int) {
@@ -25,7 +26,7 @@ func TestWarmPool(t *testing.T) {
 	dir := seedDir(t)
 	m := testManager(t, func(o *Options) { o.Warm = 2; o.WorkspaceFrom = dir })
 	waitWarm(t, m, 2)
-	ready := testenv.Containers(t, m.cli, LabelInstance, m.Instance())
+	ready := testenv.Containers(t, testenv.Engine(t), engine.LabelInstance, m.Instance())
 	if len(ready) != 2 {
 		t.Fatalf("containers: %v", ready)
 	}
@@ -33,7 +34,7 @@ func TestWarmPool(t *testing.T) {
 	m.pool.mu.Lock()
 	w := m.pool.ready[0]
 	m.pool.mu.Unlock()
-	checkHardened(t, m, w.inst.containerID, w.id)
+	checkHardened(t, m, w.inst.box.Name(), w.id)
 
 	// A new session takes one: its container is running before its first
 	// call, and seeded.
@@ -49,17 +50,17 @@ func TestWarmPool(t *testing.T) {
 	}
 	// The pool refills.
 	waitWarm(t, m, 2)
-	if n := len(testenv.Containers(t, m.cli, LabelInstance, m.Instance())); n != 3 {
+	if n := len(testenv.Containers(t, testenv.Engine(t), engine.LabelInstance, m.Instance())); n != 3 {
 		t.Fatalf("%d containers, want 1 sandbox + 2 warm", n)
 	}
 	// A warm container that died while waiting is not handed out.
 	m.pool.mu.Lock()
 	dead := m.pool.ready[0]
 	m.pool.mu.Unlock()
-	if _, err := m.cli.ContainerRemove(context.Background(), dead.inst.containerID, client.ContainerRemoveOptions{Force: true}); err != nil {
+	if _, err := testenv.Engine(t).ContainerRemove(context.Background(), dead.inst.box.Name(), client.ContainerRemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, m.cli, dead.inst.containerID)
+	waitGone(t, testenv.Engine(t), dead.inst.box.Name())
 	sb2, _ := m.Sandbox("b", "")
 	if sb2.ID() == dead.id {
 		t.Fatal("took a dead warm container")
@@ -83,7 +84,7 @@ func TestWarmPoolRespectsMaxSessions(t *testing.T) {
 	if n := m.WarmReady(); n != 1 {
 		t.Fatalf("warm %d with 2 sandboxes of at most 3", n)
 	}
-	if n := len(testenv.Containers(t, m.cli, LabelInstance, m.Instance())); n != 3 {
+	if n := len(testenv.Containers(t, testenv.Engine(t), engine.LabelInstance, m.Instance())); n != 3 {
 		t.Fatalf("%d containers, want 3 (--max-sessions)", n)
 	}
 	m.Release("a")

@@ -10,6 +10,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
 // waitGoneWithin is waitGone with a deadline of the test's choosing.
@@ -59,7 +60,7 @@ func TestIdleReaperIsNotHeldUpByAStalledSandbox(t *testing.T) {
 		otherIDs = append(otherIDs, sb.ContainerID())
 	}
 	frozen := stalled.ContainerID()
-	if _, err := m.cli.ContainerPause(ctx, frozen, client.ContainerPauseOptions{}); err != nil {
+	if _, err := testenv.Engine(t).ContainerPause(ctx, frozen, client.ContainerPauseOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The frozen one is due now, the others in five seconds: a reaper that
@@ -71,9 +72,9 @@ func TestIdleReaperIsNotHeldUpByAStalledSandbox(t *testing.T) {
 	}
 
 	for _, id := range otherIDs {
-		waitGoneWithin(t, m.cli, id, limit-time.Second-time.Since(stuckSince))
+		waitGoneWithin(t, testenv.Engine(t), id, limit-time.Second-time.Since(stuckSince))
 	}
-	if _, err := m.cli.ContainerInspect(ctx, frozen, client.ContainerInspectOptions{}); err != nil {
+	if _, err := testenv.Engine(t).ContainerInspect(ctx, frozen, client.ContainerInspectOptions{}); err != nil {
 		t.Fatalf("the frozen sandbox was gone before the others (%v, %s after it stalled): this run cannot tell whether they waited for it", err, time.Since(stuckSince))
 	}
 	for i, sb := range others {
@@ -87,7 +88,7 @@ func TestIdleReaperIsNotHeldUpByAStalledSandbox(t *testing.T) {
 	}
 
 	// The frozen one goes at its deadline, not the old ten minutes.
-	waitGoneWithin(t, m.cli, frozen, limit+20*time.Second-time.Since(stuckSince))
+	waitGoneWithin(t, testenv.Engine(t), frozen, limit+20*time.Second-time.Since(stuckSince))
 	_, err := stalled.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
 	if e := wantCode(t, err, errcode.Unavailable); !strings.Contains(e.Message, "saving its workspace failed") || !strings.Contains(e.Message, limit.String()) {
 		t.Fatalf("stalled sandbox: %s", e.Message)
@@ -106,7 +107,7 @@ func TestIdleSnapshotSurvivesAnotherCallersSnapshots(t *testing.T) {
 	ctx := context.Background()
 	a, _ := m.Sandbox("a", "alice")
 	sh(t, a, "echo alice-work > f")
-	waitGone(t, m.cli, a.ContainerID())
+	waitGone(t, testenv.Engine(t), a.ContainerID())
 	auto, ok := m.Snapshots().Latest(a.ID())
 	if !ok || !strings.HasPrefix(auto.Label, "auto:") {
 		t.Fatalf("no idle snapshot of alice's sandbox: %+v", auto)

@@ -9,9 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
-	"github.com/moby/moby/client"
-
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
@@ -47,34 +44,21 @@ type Sandbox struct {
 	restoreFrom string
 }
 
-// instance is one container of a sandbox.
-type instance struct {
-	containerID string
-	name        string
-	conn        *conn
-	// allowed maps each resolved allowlist entry to its spelling.
-	allowed  map[string]string
-	reported atomic.Bool // a call has told the model this container is gone
-	// quiet, when closed, stops the heartbeats (a test uses it to play a
-	// frozen server).
-	quiet chan struct{}
-	net   *sandboxNet // nil with --network=none
-}
-
 // ID returns the sandbox's id, as reported in every tool result.
 func (s *Sandbox) ID() string { return s.id }
 
 // Owner returns the caller the sandbox belongs to ("" on stdio).
 func (s *Sandbox) Owner() string { return s.owner }
 
-// ContainerID returns the id of the sandbox's current container, or "".
+// ContainerID returns the name of the sandbox's current container (which
+// the engine takes wherever it takes an id), or "".
 func (s *Sandbox) ContainerID() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil {
 		return ""
 	}
-	return s.cur.containerID
+	return s.cur.box.Name()
 }
 
 // begin marks a call in flight and ties ctx to the sandbox's life.
@@ -347,28 +331,4 @@ func (s *Sandbox) idleFor(now time.Time) time.Duration {
 		return 0
 	}
 	return now.Sub(time.Unix(0, s.lastUsed.Load()))
-}
-
-// removeContainer force-removes a container and waits until it is gone.
-func removeContainer(ctx context.Context, cli *client.Client, id string) error {
-	_, err := cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	// A conflict means a removal is already in progress (the engine
-	// auto-removes a stopped sandbox); wait for it like for ours.
-	if err != nil && !isGone(err) && !cerrdefs.IsConflict(err) {
-		return err
-	}
-	// An auto-removing container may still be on its way out.
-	for {
-		if _, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{}); err != nil {
-			if isGone(err) {
-				return nil
-			}
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
 func newSandbox(t *testing.T, m *Manager) *Sandbox {
@@ -257,7 +258,7 @@ func TestAgentDeathIsReportedThenReplaced(t *testing.T) {
 	if sb.ContainerID() == first {
 		t.Fatal("still the old container")
 	}
-	waitGone(t, m.cli, first)
+	waitGone(t, testenv.Engine(t), first)
 }
 
 func TestContainerRemovedFromOutside(t *testing.T) {
@@ -265,10 +266,10 @@ func TestContainerRemovedFromOutside(t *testing.T) {
 	sb := newSandbox(t, m)
 	run(t, sb, "true")
 	id := sb.ContainerID()
-	if _, err := m.cli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true}); err != nil {
+	if _, err := testenv.Engine(t).ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, m.cli, id)
+	waitGone(t, testenv.Engine(t), id)
 	// The next call says the workspace is lost, and what happens next ...
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
 	e := wantCode(t, err, errcode.Unavailable)
@@ -303,7 +304,7 @@ func TestReleaseRemovesTheContainer(t *testing.T) {
 	run(t, sb, "true")
 	id := sb.ContainerID()
 	m.Release(t.Name())
-	if _, err := m.cli.ContainerInspect(context.Background(), id, client.ContainerInspectOptions{}); !isGone(err) {
+	if _, err := testenv.Engine(t).ContainerInspect(context.Background(), id, client.ContainerInspectOptions{}); !isGone(err) {
 		t.Fatalf("container %s still there after Release: %v", id, err)
 	}
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
@@ -340,12 +341,12 @@ func TestLeaseEndsAnOrphanedSandbox(t *testing.T) {
 	sb := newSandbox(t, m)
 	run(t, sb, "true")
 	inst := sb.cur
-	id := inst.containerID
+	id := inst.box.Name()
 	// A server that is alive but silent (frozen, say): stop its pings. The
 	// agent ends itself after its lease, and the engine removes the
 	// container.
 	m.stopKeepAlive(inst)
-	waitGone(t, m.cli, id)
+	waitGone(t, testenv.Engine(t), id)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
 	wantCode(t, err, errcode.Unavailable)
 }
@@ -355,7 +356,7 @@ func TestIdleTimeoutRemovesTheContainer(t *testing.T) {
 	sb := newSandbox(t, m)
 	sh(t, sb, "echo x > f")
 	id := sb.ContainerID()
-	waitGone(t, m.cli, id)
+	waitGone(t, testenv.Engine(t), id)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
 	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, "--idle-timeout") {

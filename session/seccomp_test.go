@@ -11,18 +11,19 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // probeIOURing runs the agent's io_uring probe in a sandbox of m.
 func probeIOURing(t *testing.T, m *Manager) string {
 	t.Helper()
-	return strings.TrimSpace(string(run(t, newSandbox(t, m), AgentPath, "probe-io-uring").Stdout))
+	return strings.TrimSpace(string(run(t, newSandbox(t, m), engine.AgentPath, "probe-io-uring").Stdout))
 }
 
 // engineMajor is the Docker engine's major version.
 func engineMajor(t *testing.T, m *Manager) int {
 	t.Helper()
-	v, err := m.cli.ServerVersion(context.Background(), client.ServerVersionOptions{})
+	v, err := testenv.Engine(t).ServerVersion(context.Background(), client.ServerVersionOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

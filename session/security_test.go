@@ -17,6 +17,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -439,13 +440,13 @@ func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
 		errc <- err
 	}()
 	time.Sleep(500 * time.Millisecond)
-	ex, err := m.cli.ExecCreate(ctx, inst.containerID, client.ExecCreateOptions{
+	ex, err := testenv.Engine(t).ExecCreate(ctx, inst.box.Name(), client.ExecCreateOptions{
 		User: "0:0", Cmd: []string{"kill", "-9", strconv.Itoa(inst.conn.hello.PID)},
 	})
 	if err != nil {
 		t.Fatalf("kill the agent: %v", err)
 	}
-	if _, err := m.cli.ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true}); err != nil {
+	if _, err := testenv.Engine(t).ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true}); err != nil {
 		t.Fatalf("kill the agent: %v", err)
 	}
 	return <-errc

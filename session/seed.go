@@ -1,7 +1,6 @@
 package session
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -62,36 +61,6 @@ func (s *seed) reader() io.Reader { return io.NewSectionReader(s.f, 0, s.size) }
 
 func (s *seed) close() error { return s.f.Close() }
 
-// imageContext writes the seed's entries into a build context under
-// "workspace/", for a read-only workspace baked into the runtime image.
-// Permission bits only: setuid, setgid and sticky are dropped.
-func (s *seed) imageContext(tw *tar.Writer) error {
-	tr := tar.NewReader(s.reader())
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		out := &tar.Header{Name: "workspace/" + h.Name, Mode: h.Mode & 0o777, ModTime: h.ModTime, Typeflag: h.Typeflag, Linkname: h.Linkname, Size: h.Size}
-		switch h.Typeflag {
-		case tar.TypeReg, tar.TypeDir, tar.TypeSymlink:
-		default:
-			continue
-		}
-		if err := tw.WriteHeader(out); err != nil {
-			return err
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := io.Copy(tw, tr); err != nil {
-				return err
-			}
-		}
-	}
-}
-
 // seedInstance fills a new container's workspace from --workspace-from (a
 // read-only workspace has it in its image already).
 func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
@@ -103,4 +72,13 @@ func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
 		return errcode.Errorf(errcode.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
 	}
 	return nil
+}
+
+// closeSeed closes sd, if any, and returns err: for the failures of
+// NewManager after the seed was made.
+func closeSeed(sd *seed, err error) error {
+	if sd != nil {
+		sd.close()
+	}
+	return err
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
 // tarOf builds a tar stream from name/content pairs (a trailing "/" makes a
@@ -506,10 +507,10 @@ func TestLostContainerRecoversFromLatestSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sb.ContainerID()
-	if _, err := m.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true}); err != nil {
+	if _, err := testenv.Engine(t).ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, m.cli, id)
+	waitGone(t, testenv.Engine(t), id)
 	_, err = sb.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
 	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, info.ID) {
@@ -533,7 +534,7 @@ func TestIdleRemovalKeepsTheWork(t *testing.T) {
 	sb := newSandbox(t, m)
 	sh(t, sb, "echo mine > work.txt")
 	id := sb.ContainerID()
-	waitGone(t, m.cli, id)
+	waitGone(t, testenv.Engine(t), id)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
 	e := wantCode(t, err, errcode.Unavailable)
 	if !strings.Contains(e.Message, "saved as snapshot") {

@@ -9,6 +9,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // TestSweep leaves what a crashed server would (a stopped sandbox container)
@@ -20,18 +21,18 @@ func TestSweep(t *testing.T) {
 	img := testenv.TestImage(t)
 	mk := func(instance string, start bool, cmd ...string) string {
 		t.Helper()
-		c, err := m.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		c, err := testenv.Engine(t).ContainerCreate(ctx, client.ContainerCreateOptions{
 			Config: &container.Config{Image: img, Cmd: cmd, Labels: map[string]string{
-				LabelManaged: "1", LabelInstance: instance, LabelSandbox: "sb-" + instance,
+				engine.LabelManaged: "1", engine.LabelInstance: instance, engine.LabelSandbox: "sb-" + instance,
 			}},
 			HostConfig: &container.HostConfig{NetworkMode: "none"},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { testenv.RemoveLabelled(m.cli, LabelInstance, instance) })
+		t.Cleanup(func() { testenv.RemoveLabelled(testenv.Engine(t), engine.LabelInstance, instance) })
 		if start {
-			if _, err := m.cli.ContainerStart(ctx, c.ID, client.ContainerStartOptions{}); err != nil {
+			if _, err := testenv.Engine(t).ContainerStart(ctx, c.ID, client.ContainerStartOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -45,7 +46,7 @@ func TestSweep(t *testing.T) {
 	created := mk(starting, false, "true")
 	// Wait for the first to exit.
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		r, err := m.cli.ContainerInspect(ctx, exited, client.ContainerInspectOptions{})
+		r, err := testenv.Engine(t).ContainerInspect(ctx, exited, client.ContainerInspectOptions{})
 		if isGone(err) {
 			break // a server beside this one (another test) swept it first
 		}
@@ -60,14 +61,14 @@ func TestSweep(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := m.Sweep(ctx); err != nil {
+	if err := m.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.cli.ContainerInspect(ctx, exited, client.ContainerInspectOptions{}); !isGone(err) {
+	if _, err := testenv.Engine(t).ContainerInspect(ctx, exited, client.ContainerInspectOptions{}); !isGone(err) {
 		t.Errorf("the stopped leftover was not swept: %v", err)
 	}
 	for name, id := range map[string]string{"running": running, "freshly created": created} {
-		if _, err := m.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{}); err != nil {
+		if _, err := testenv.Engine(t).ContainerInspect(ctx, id, client.ContainerInspectOptions{}); err != nil {
 			t.Errorf("the sweep removed a live server's %s container: %v", name, err)
 		}
 	}

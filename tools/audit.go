@@ -292,3 +292,25 @@ func ReadAuditKey(dir string) ([]byte, error) {
 	}
 	return key, nil
 }
+
+// AuditKindServer tags the record of the server starting or stopping.
+const AuditKindServer = "server"
+
+// ServerRecord is the audit record of the server starting or stopping, with
+// why it stopped: the audit file is the one record left when the server's
+// stderr is gone.
+type ServerRecord struct {
+	Kind   string    `json:"kind"`
+	Time   time.Time `json:"time"`
+	Event  string    `json:"event"` // start or stop
+	Reason string    `json:"reason,omitempty"`
+	PID    int       `json:"pid"`
+}
+
+// Server appends the record of the server starting or stopping; a failed
+// write is logged.
+func (a *AuditLog) Server(event, reason string) {
+	if err := a.Write(ServerRecord{Kind: AuditKindServer, Time: time.Now().UTC(), Event: event, Reason: reason, PID: os.Getpid()}); err != nil {
+		a.log.Error("audit log write failed", "err", err)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // agentBin is the agent built for this test run, for the tests that run
@@ -82,8 +83,8 @@ func newRig(t *testing.T, edit func(*policy.Policy)) *rig {
 		if err := m.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		left := testenv.Containers(t, cli, session.LabelInstance, instance)
-		testenv.RemoveLabelled(cli, session.LabelInstance, instance)
+		left := testenv.Containers(t, cli, engine.LabelInstance, instance)
+		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind: %v", left)
 		}

@@ -71,6 +71,11 @@ type call struct {
 	held *reservation
 }
 
+// CodeRequestCancelled is the JSON-RPC error code of the answer to a
+// cancelled call, where the transport cannot leave it unanswered. MCP
+// defines none; this is the code LSP uses for the same case.
+const CodeRequestCancelled = -32800
+
 // handler is a tool's logic: decode is done by the SDK; it asks policy,
 // calls session and returns the output (and, rarely, a result of its own to
 // carry content or isError beside the output). A failure the model can act
@@ -119,12 +124,18 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 			if res != nil && res.IsError {
 				rec.Reason = "timed out"
 			}
+		case ctx.Err() != nil:
+			// The client cancelled the call (or its HTTP request went
+			// away): it gets no result. The SDK still answers, so the
+			// answer is a protocol error, never a tool error the model
+			// could mistake for the command's; the stdio transport drops
+			// it.
+			rec.Decision, rec.Reason = "deny", "cancelled"
+			err = &jsonrpc.Error{Code: CodeRequestCancelled, Message: "sandbox-mcp: the call was cancelled; its command was stopped with every process it started"}
 		case isCoded:
 			// The model reads "CODE: message", without what wrapped it.
 			err = coded
 			rec.Decision, rec.Reason = "deny", err.Error()
-		case ctx.Err() != nil:
-			rec.Decision, rec.Reason = "deny", "cancelled"
 		default:
 			rec.Decision, rec.Reason = "deny", "internal error"
 			d.Logger.Error("tool call failed", "tool", name, "sandbox", c.sandbox, "err", err)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
@@ -189,5 +190,35 @@ func TestOnlyResultsWithoutAToolErrorGetInvalidArgument(t *testing.T) {
 	ok := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "fine"}}}
 	if got := through(ok); got != "fine" {
 		t.Errorf("a result that did not fail was changed to %q", got)
+	}
+}
+
+// TestCancelledCallIsNoToolError: a call whose context ends (the client
+// cancelled it) is answered, where the SDK forces an answer, with a
+// protocol error carrying CodeRequestCancelled, not an isError result the
+// model would read as the command's, and is recorded as cancelled.
+func TestCancelledCallIsNoToolError(t *testing.T) {
+	var recs []Record
+	d := &Deps{Sessions: NewSessions(nil), Logger: slog.New(slog.DiscardHandler), Audit: func(r Record) { recs = append(recs, r) }}
+	for name, err := range map[string]error{
+		"context":   context.Canceled,
+		"coded":     errcode.Errorf(errcode.Unavailable, "the sandbox stopped"),
+		"any error": errors.New("agent: stream closed"),
+	} {
+		recs = nil
+		h := wrap(d, NameExec, func(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+			<-ctx.Done()
+			return nil, ExecOut{}, err
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res, _, got := h(ctx, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: NameExec}}, ExecIn{})
+		var wire *jsonrpc.Error
+		if res != nil || !errors.As(got, &wire) || wire.Code != CodeRequestCancelled {
+			t.Errorf("%s: cancelled call returned %v, %v; want a protocol error with code %d", name, res, got, CodeRequestCancelled)
+		}
+		if len(recs) != 1 || recs[0].Reason != "cancelled" {
+			t.Errorf("%s: audited as %+v, want cancelled", name, recs)
+		}
 	}
 }

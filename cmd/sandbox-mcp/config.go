@@ -20,6 +20,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // Snapshot retention defaults: enough to keep a working history without
@@ -137,7 +138,7 @@ func defaultConfig(getenv func(string) string) Config {
 		AgentBin:    defaultAgentBin(),
 		StateDir:    defaultStateDir(getenv),
 		IdleTimeout: 15 * time.Minute,
-		NetworkPool: session.DefaultNetworkPool,
+		NetworkPool: engine.DefaultNetworkPool,
 		Retention:   session.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
 		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},

@@ -13,6 +13,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // doctor checks what the server needs and says what to fix. It exits 1 if
@@ -89,7 +90,7 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 
 	netName := "sandbox-mcp-doctor-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if _, err := cli.NetworkCreate(ctx, netName, client.NetworkCreateOptions{
-		Driver: "bridge", Internal: true, Labels: map[string]string{session.LabelManaged: "1"},
+		Driver: "bridge", Internal: true, Labels: map[string]string{engine.LabelManaged: "1"},
 	}); err != nil {
 		warn("cannot create an internal network (%v): --network=allowlist will not work", err)
 	} else {
@@ -160,7 +161,7 @@ func checkIOURing(ctx context.Context, sb *session.Sandbox, profileFile string) 
 	if profileFile != "" {
 		profile = "--seccomp-profile " + profileFile
 	}
-	res, err := sb.Exec(ctx, session.ExecRequest{Argv: []string{session.AgentPath, "probe-io-uring"}, Cwd: ".", Timeout: 30 * time.Second, MaxOutput: 4 << 10})
+	res, err := sb.Exec(ctx, session.ExecRequest{Argv: []string{engine.AgentPath, "probe-io-uring"}, Cwd: ".", Timeout: 30 * time.Second, MaxOutput: 4 << 10})
 	out := strings.TrimSpace(string(res.Stdout))
 	switch {
 	case err != nil || res.ExitCode != 0:
@@ -184,7 +185,7 @@ func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox
 		fail("inspect the sandbox container: %v", err)
 		return
 	}
-	if p := session.HardeningProblems(insp.Container, uid, gid); len(p) > 0 {
+	if p := engine.HardeningProblems(insp.Container, uid, gid); len(p) > 0 {
 		for _, msg := range p {
 			fail("sandbox hardening: %s", msg)
 		}
@@ -200,7 +201,7 @@ func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox
 		return
 	}
 	cmdStatus, agentStatus, _ := strings.Cut(string(res.Stdout), "@@@\n")
-	p := append(session.CommandStatusProblems([]byte(cmdStatus), uid, gid), session.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
+	p := append(engine.CommandStatusProblems([]byte(cmdStatus), uid, gid), engine.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
 	for _, msg := range p {
 		fail("sandbox identities: %s", msg)
 	}

@@ -37,7 +37,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // toolboxArgs give the toolbox tests room: a compiler, npm and a venv need
@@ -464,7 +464,7 @@ func removeDerivedImage(t *testing.T, cli *client.Client, tag string) {
 		t.Errorf("inspect %s: %v", tag, err)
 		return
 	}
-	list, err := cli.ImageList(ctx, client.ImageListOptions{Filters: make(client.Filters).Add("label", session.LabelRuntime+".base="+tag)})
+	list, err := cli.ImageList(ctx, client.ImageListOptions{Filters: make(client.Filters).Add("label", engine.LabelRuntime+".base="+tag)})
 	if err != nil {
 		t.Errorf("list runtime images of %s: %v", tag, err)
 	}

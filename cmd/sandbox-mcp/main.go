@@ -77,7 +77,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "sandbox-mcp: %v\n", err)
 		return 2
 	}
-	log := newLogger(stderr, cfg.LogLevel)
+	// The server stops as on EOF when its stderr goes away (see logSink),
+	// or at SIGINT/SIGTERM.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, lose := context.WithCancelCause(ctx)
+	defer lose(nil)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	log := newLogger(&logSink{w: stderr, lost: func() { lose(errStderrClosed) }}, cfg.LogLevel)
 	if getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(cfg.MemoryLimit())
 	}
@@ -92,17 +99,34 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return 1
 		}
 		defer audit.Close()
+		audit.Server("start", "")
 	}
 	if cfg.HTTP.Addr != "" {
 		err = serveHTTP(ctx, cfg, log, audit)
 	} else {
 		err = serveStdio(ctx, cfg, stdin, stdout, log, audit)
 	}
+	if audit != nil {
+		audit.Server("stop", stopReason(ctx, cfg, err))
+	}
 	if err != nil {
 		log.Error("sandbox-mcp stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// stopReason says why the server stopped, for the audit log.
+func stopReason(ctx context.Context, cfg Config, err error) string {
+	switch {
+	case err != nil:
+		return err.Error()
+	case ctx.Err() != nil:
+		return context.Cause(ctx).Error()
+	case cfg.HTTP.Addr == "":
+		return "the client closed stdin"
+	}
+	return "stopped"
 }
 
 func usage(w io.Writer, getenv func(string) string) {
@@ -246,7 +270,7 @@ func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writ
 		defer cancel()
 		closed <- m.Close(cctx)
 	}()
-	err = server.Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}})
+	err = server.Run(ctx, unansweredCancels{&mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}}})
 	stop()
 	if cerr := <-closed; cerr != nil {
 		log.Warn("removing sandboxes at exit", "err", cerr)

@@ -20,7 +20,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -228,8 +228,8 @@ func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
 			t.Logf("server stderr:\n%s", stderr)
 		}
 		if sandbox != "" {
-			testenv.WaitNoContainers(t, cli, session.LabelSandbox, sandbox, 20*time.Second)
-			testenv.RemoveLabelled(cli, session.LabelSandbox, sandbox)
+			testenv.WaitNoContainers(t, cli, engine.LabelSandbox, sandbox, 20*time.Second)
+			testenv.RemoveLabelled(cli, engine.LabelSandbox, sandbox)
 		}
 	})
 	c := newLineClient(stdout, stdin)

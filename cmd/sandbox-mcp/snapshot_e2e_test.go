@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 func listedSnapshots(t *testing.T, s *server) map[string]*mcp.Resource {
@@ -197,7 +198,7 @@ func TestWarmPoolFlag(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	var warm []string
 	for {
-		warm = testenv.Containers(t, s.cli, session.LabelPID, pid)
+		warm = testenv.Containers(t, s.cli, engine.LabelPID, pid)
 		// Running is not ready: the pool takes the container once its
 		// agent has said hello, which the server logs.
 		if len(warm) == 1 && strings.Contains(warm[0], "running") && strings.Contains(s.stderr.String(), "session: sandbox started") {
@@ -214,12 +215,12 @@ func TestWarmPoolFlag(t *testing.T) {
 	}
 	// The pool refills, and every container goes at exit (checked at cleanup).
 	deadline = time.Now().Add(60 * time.Second)
-	for len(testenv.Containers(t, s.cli, session.LabelPID, pid)) != 2 {
+	for len(testenv.Containers(t, s.cli, engine.LabelPID, pid)) != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the pool did not refill")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.cs.Close()
-	testenv.WaitNoContainers(t, s.cli, session.LabelPID, pid, 30*time.Second)
+	testenv.WaitNoContainers(t, s.cli, engine.LabelPID, pid, 30*time.Second)
 }

@@ -9,6 +9,8 @@
 //     workspace, internal/errcode), and of the rest only the standard
 //     library and golang.org/x/sys, so neither the Docker client nor the MCP
 //     SDK ends up inside a sandbox.
+//   - The backend seam (session/backend), which a second backend builds on,
+//     links no Docker package: Docker lives in session/engine.
 //
 // Test files are left out: a test may run both ends of the protocol in one
 // process.

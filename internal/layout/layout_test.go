@@ -97,3 +97,19 @@ func TestAgentLinksNoHostPackage(t *testing.T) {
 		}
 	}
 }
+
+// dockerPrefixes are the module prefixes of the Docker engine's client.
+var dockerPrefixes = []string{"github.com/moby/", "github.com/docker/", "github.com/containerd/"}
+
+func linksDocker(p string) bool {
+	return slices.ContainsFunc(dockerPrefixes, func(prefix string) bool { return strings.HasPrefix(p, prefix) })
+}
+
+func TestBackendSeamLinksNoDocker(t *testing.T) {
+	root := module + "/session/backend"
+	for _, p := range deps(t, root) {
+		if linksDocker(p) {
+			t.Errorf("%s links %s: the seam between a sandbox's life and what runs it is backend-neutral; Docker belongs in session/engine", root, p)
+		}
+	}
+}

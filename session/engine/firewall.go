@@ -1,4 +1,4 @@
-package session
+package engine
 
 import (
 	"fmt"
@@ -88,6 +88,14 @@ func (f *firewall) removeWhere(match func(comment string) bool) error {
 	if err != nil {
 		return err
 	}
+	return f.remove(rules, match)
+}
+
+// remove deletes those of rules (as iptables -S lists them) whose comment
+// matches. Another server's sweep may delete the same rule at the same
+// time (between iptables' check and its delete): a rule that is gone is
+// what was wanted, so that is no error.
+func (f *firewall) remove(rules []string, match func(comment string) bool) error {
 	var firstErr error
 	for _, r := range rules {
 		comment := ruleCommentOf(r)
@@ -98,8 +106,14 @@ func (f *firewall) removeWhere(match func(comment string) bool) error {
 		for i, w := range spec { // iptables -S quotes comments with spaces; ours have none
 			spec[i] = strings.Trim(w, `"`)
 		}
-		if err := f.ipt.DeleteIfExists("filter", FirewallChain, spec...); err != nil && firstErr == nil {
-			firstErr = err
+		err := f.ipt.DeleteIfExists("filter", FirewallChain, spec...)
+		if err != nil {
+			if ok, cerr := f.ipt.Exists("filter", FirewallChain, spec...); cerr == nil && !ok {
+				continue // deleted by someone else meanwhile
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
 		}
 	}
 	return firstErr
@@ -117,10 +131,22 @@ func ruleCommentOf(rule string) string {
 	return ""
 }
 
-// sweep removes the rules of networks that no longer exist.
-func (f *firewall) sweep(exists func(network string) bool) error {
-	return f.removeWhere(func(comment string) bool {
+// sweep removes the rules of networks that no longer exist. The rules are
+// listed before live lists the networks: a network made after the rules
+// were listed (another server's new sandbox) then has no rule in the list,
+// whereas one listed the other way round would look rule-less and lose
+// its isolation to this sweep.
+func (f *firewall) sweep(live func() (map[string]bool, error)) error {
+	rules, err := f.ipt.List("filter", FirewallChain)
+	if err != nil {
+		return err
+	}
+	names, err := live()
+	if err != nil {
+		return err
+	}
+	return f.remove(rules, func(comment string) bool {
 		network, ok := strings.CutPrefix(comment, "sandbox-mcp:")
-		return ok && !exists(network)
+		return ok && !names[network]
 	})
 }

@@ -1,4 +1,4 @@
-package session
+package engine
 
 import (
 	"archive/tar"
@@ -16,6 +16,15 @@ import (
 	"github.com/moby/moby/client"
 )
 
+// Seed is content every workspace starts with, for a read-only workspace
+// baked into the runtime image.
+type Seed struct {
+	// Digest identifies the content; it is part of the image's tag.
+	Digest string
+	// Tar returns a new reader of the content as a tar stream.
+	Tar func() io.Reader
+}
+
 // RuntimeImageRepo is the repository of runtime images: a base image with
 // the agent added.
 const RuntimeImageRepo = "sandbox-mcp-runtime"
@@ -29,7 +38,7 @@ const RuntimeImageRepo = "sandbox-mcp-runtime"
 //
 // With a seed, the image also holds the seed's files in /workspace, owned by
 // uid:gid: a read-only workspace that starts with content.
-func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath string, sd *seed, uid, gid int) (string, error) {
+func RuntimeImage(ctx context.Context, cli Engine, base, agentPath string, sd *Seed, uid, gid int) (string, error) {
 	info, err := cli.ImageInspect(ctx, base)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
@@ -48,7 +57,7 @@ func RuntimeImage(ctx context.Context, cli *client.Client, base, agentPath strin
 	agentDigest := hex.EncodeToString(sum[:])
 	keyText := info.ID + "\x00" + agentDigest
 	if sd != nil {
-		keyText += fmt.Sprintf("\x00%s\x00%d:%d", sd.sha, uid, gid)
+		keyText += fmt.Sprintf("\x00%s\x00%d:%d", sd.Digest, uid, gid)
 	}
 	key := sha256.Sum256([]byte(keyText))
 	tag := RuntimeImageRepo + ":" + hex.EncodeToString(key[:])[:16]
@@ -141,6 +150,36 @@ func buildError(r io.Reader) error {
 		}
 		if m.Error != "" {
 			return fmt.Errorf("%s (%s)", m.Error, strings.Join(last, "; "))
+		}
+	}
+}
+
+// imageContext writes the seed's entries into a build context under
+// "workspace/", for a read-only workspace baked into the runtime image.
+// Permission bits only: setuid, setgid and sticky are dropped.
+func (s *Seed) imageContext(tw *tar.Writer) error {
+	tr := tar.NewReader(s.Tar())
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out := &tar.Header{Name: "workspace/" + h.Name, Mode: h.Mode & 0o777, ModTime: h.ModTime, Typeflag: h.Typeflag, Linkname: h.Linkname, Size: h.Size}
+		switch h.Typeflag {
+		case tar.TypeReg, tar.TypeDir, tar.TypeSymlink:
+		default:
+			continue
+		}
+		if err := tw.WriteHeader(out); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := io.Copy(tw, tr); err != nil {
+				return err
+			}
 		}
 	}
 }

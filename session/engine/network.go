@@ -1,4 +1,4 @@
-package session
+package engine
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 )
 
 // DefaultNetworkPool is where sandbox networks take their subnets: the
@@ -81,23 +82,23 @@ func pickSubnet(pool netip.Prefix) netip.Prefix {
 // listener is its own: the proxy serves no other address, and the firewall
 // refuses the listener to packets from any other interface (another
 // bridge, docker0, the host itself). On failure nothing is left behind.
-func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandboxNet, err error) {
+func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netproxy.Proxy) (n *sandboxNet, err error) {
 	n = &sandboxNet{name: name, bridge: bridgeName(name)}
 	defer func() {
 		if err != nil {
-			m.closeNet(n)
+			d.closeNet(n)
 		}
 	}()
 	no := false
 	var created client.NetworkCreateResult
 	for attempt := 0; ; attempt++ {
-		subnet := pickSubnet(m.opts.NetworkPool)
+		subnet := pickSubnet(d.cfg.NetworkPool)
 		gw := subnet.Addr().Next()
-		created, err = m.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
+		created, err = d.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
 			Driver:     "bridge",
 			Internal:   true,
 			EnableIPv6: &no,
-			Labels:     m.labels(sandbox),
+			Labels:     d.labels(sandbox),
 			IPAM:       &network.IPAM{Config: []network.IPAMConfig{{Subnet: subnet, Gateway: gw}}},
 			Options: map[string]string{
 				"com.docker.network.bridge.name":                 n.bridge,
@@ -126,19 +127,19 @@ func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandbox
 		return n, fmt.Errorf("listen on the sandbox network's gateway %s: %w", n.gateway, err)
 	}
 	n.port = ln.Addr().(*net.TCPAddr).Port
-	if m.fw != nil {
-		if err := m.fw.isolate(n.name, n.bridge, n.gateway, n.client, n.port); err != nil {
+	if d.fw != nil {
+		if err := d.fw.isolate(n.name, n.bridge, n.gateway, n.client, n.port); err != nil {
 			ln.Close()
 			return n, fmt.Errorf("firewall the sandbox network: %w", err)
 		}
 		n.firewalled = true
 	}
-	pctx, stop := context.WithCancel(m.ctx)
+	pctx, stop := context.WithCancel(context.Background())
 	n.stop, n.served = stop, make(chan struct{})
 	go func() {
 		defer close(n.served)
-		if err := m.proxy.Serve(pctx, ln, sandbox, n.client); err != nil {
-			m.log.Warn("session: proxy stopped", "sandbox", sandbox, "err", err)
+		if err := proxy.Serve(pctx, ln, sandbox, n.client); err != nil {
+			d.log.Warn("session: proxy stopped", "sandbox", sandbox, "err", err)
 		}
 	}()
 	return n, nil
@@ -146,14 +147,14 @@ func (m *Manager) openNet(ctx context.Context, sandbox, name string) (n *sandbox
 
 // closeNet stops a network's proxy and removes its rules and the network.
 // The network's container must be gone already.
-func (m *Manager) closeNet(n *sandboxNet) {
+func (d *Docker) closeNet(n *sandboxNet) {
 	if n.stop != nil {
 		n.stop()
 		<-n.served
 	}
 	if n.firewalled {
-		if err := m.fw.release(n.name); err != nil {
-			m.log.Warn("session: remove firewall rules", "network", n.name, "err", err)
+		if err := d.fw.release(n.name); err != nil {
+			d.log.Warn("session: remove firewall rules", "network", n.name, "err", err)
 		}
 	}
 	if n.id == "" {
@@ -162,54 +163,15 @@ func (m *Manager) closeNet(n *sandboxNet) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		_, err := m.cli.NetworkRemove(ctx, n.id, client.NetworkRemoveOptions{})
+		_, err := d.cli.NetworkRemove(ctx, n.id, client.NetworkRemoveOptions{})
 		if err == nil || cerrdefs.IsNotFound(err) {
 			return
 		}
 		// An endpoint can linger a moment after its container is gone.
 		if ctx.Err() != nil {
-			m.log.Warn("session: remove network", "network", n.name, "err", err)
+			d.log.Warn("session: remove network", "network", n.name, "err", err)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// sweepNetworks removes sandbox networks no container uses whose owner is
-// gone (or that are older than the grace period), and firewall rules of
-// networks that no longer exist.
-func (m *Manager) sweepNetworks(ctx context.Context) (int, error) {
-	list, err := m.cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", LabelManaged+"=1")})
-	if err != nil {
-		return 0, engineError("list networks", err)
-	}
-	names := map[string]bool{}
-	removed := 0
-	now := time.Now()
-	for _, nw := range list.Items {
-		names[nw.Name] = true
-		insp, err := m.cli.NetworkInspect(ctx, nw.ID, client.NetworkInspectOptions{})
-		if err != nil || len(insp.Network.Containers) > 0 {
-			continue
-		}
-		if nw.Labels[LabelInstance] == m.opts.Instance {
-			continue // ours: removed with its sandbox
-		}
-		if !ownerGone(nw.Labels) && now.Sub(nw.Created) < orphanGrace {
-			continue
-		}
-		if _, err := m.cli.NetworkRemove(ctx, nw.ID, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-			m.log.Warn("session: sweep: remove network", "network", nw.Name, "err", err)
-			continue
-		}
-		delete(names, nw.Name)
-		removed++
-		m.log.Info("session: swept orphaned network", "network", nw.Name, "instance", nw.Labels[LabelInstance])
-	}
-	if m.fw != nil {
-		if err := m.fw.sweep(func(network string) bool { return names[network] }); err != nil {
-			m.log.Warn("session: sweep firewall rules", "err", err)
-		}
-	}
-	return removed, nil
 }

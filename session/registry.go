@@ -1,10 +1,3 @@
-// Package session runs one sandbox per MCP session: it creates the hardened
-// container at a session's first call, talks to the agent inside it over one
-// attach stream, and removes it when the session ends. It also sweeps what an
-// earlier server left behind and keeps snapshots in the state directory.
-//
-// Package session knows Docker and the agent protocol; it does not know MCP.
-// Callers key sandboxes by an opaque string of their own.
 package session
 
 import (
@@ -12,19 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"sync"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
-	"github.com/moby/moby/client"
-
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
+	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
 // Defaults for Options' zero values.
@@ -44,8 +35,12 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	// Client is the engine client. Required.
-	Client *client.Client
+	// Backend runs the sandboxes' instances. nil means the Docker
+	// backend (package session/engine) on Client, configured from the
+	// fields below.
+	Backend backend.Backend
+	// Client is the Docker engine; required unless Backend is set.
+	Client engine.Engine
 	// Image is the base image of every sandbox; it must exist locally.
 	Image string
 	// AgentBinary is the path of the static agent binary added to Image.
@@ -96,7 +91,7 @@ type Options struct {
 	// fields below configure that.
 
 	// NetworkPool is where sandbox networks take /29 subnets; the zero
-	// value means DefaultNetworkPool.
+	// value means engine.DefaultNetworkPool.
 	NetworkPool netip.Prefix
 	// Resolver and Dialer replace the proxy's defaults (tests use them).
 	Resolver netproxy.Resolver
@@ -113,15 +108,14 @@ type Options struct {
 
 // Manager owns every sandbox of one server.
 type Manager struct {
-	opts  Options
-	cli   *client.Client
-	log   *slog.Logger
-	image string // runtime image
-	snaps *SnapshotStore
-	seed  *seed // nil without --workspace-from
-	pool  *pool
-	proxy *netproxy.Proxy // nil unless the policy allows some hosts
-	fw    *firewall
+	opts    Options
+	backend backend.Backend
+	docker  *engine.Docker // the backend, when it is Docker's
+	log     *slog.Logger
+	snaps   *SnapshotStore
+	seed    *seed // nil without --workspace-from
+	pool    *pool
+	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -143,8 +137,8 @@ type Manager struct {
 // NewManager checks the engine and the image, builds the runtime image if
 // needed, sweeps what earlier servers left behind, and returns a Manager.
 func NewManager(ctx context.Context, opts Options) (*Manager, error) {
-	if opts.Client == nil {
-		return nil, errors.New("session: Options.Client is required")
+	if opts.Client == nil && opts.Backend == nil {
+		return nil, errors.New("session: Options.Client (or Options.Backend) is required")
 	}
 	if opts.StateDir == "" {
 		return nil, errors.New("session: Options.StateDir is required")
@@ -182,31 +176,11 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			return nil, err
 		}
 	}
-	// A read-only workspace cannot be filled after the start: its content
-	// goes into the image instead.
-	var imageSeed *seed
-	if opts.Policy.ReadOnly {
-		imageSeed = sd
-	}
-	img, err := RuntimeImage(ctx, opts.Client, opts.Image, opts.AgentBinary, imageSeed, opts.UID, opts.GID)
-	if err != nil {
-		if sd != nil {
-			sd.close()
-		}
-		return nil, err
-	}
-	if !opts.NetworkPool.IsValid() {
-		opts.NetworkPool = DefaultNetworkPool
-	}
-	if !opts.NetworkPool.Addr().Is4() || opts.NetworkPool.Bits() > 29 {
-		return nil, fmt.Errorf("session: network pool %s must be an IPv4 prefix of /29 or larger", opts.NetworkPool)
-	}
 	var proxy *netproxy.Proxy
-	var fw *firewall
 	if opts.Policy.Network == policy.NetworkAllowlist {
 		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
-			return nil, err
+			return nil, closeSeed(sd, err)
 		}
 		proxy, err = netproxy.New(netproxy.Config{
 			Allow:        allow,
@@ -218,34 +192,55 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			DenyAddrs:    opts.DenyAddrs,
 		})
 		if err != nil {
-			return nil, err
+			return nil, closeSeed(sd, err)
 		}
-		if fw, err = newFirewall(); err != nil {
-			return nil, fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with iptables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN, with iptables installed (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
+	}
+	be, docker := opts.Backend, (*engine.Docker)(nil)
+	if be == nil {
+		cfg := engine.Config{
+			Client:         opts.Client,
+			Image:          opts.Image,
+			AgentBinary:    opts.AgentBinary,
+			UID:            opts.UID,
+			GID:            opts.GID,
+			Instance:       opts.Instance,
+			Runtime:        opts.Runtime,
+			SeccompProfile: opts.SeccompProfile,
+			Egress:         proxy != nil,
+			NetworkPool:    opts.NetworkPool,
+			Logger:         log,
 		}
+		// A read-only workspace cannot be filled after the start: its
+		// content goes into the image instead.
+		if opts.Policy.ReadOnly && sd != nil {
+			cfg.Seed = &engine.Seed{Digest: sd.sha, Tar: sd.reader}
+		}
+		if docker, err = engine.New(cfg); err != nil {
+			return nil, closeSeed(sd, err)
+		}
+		be = docker
+	}
+	if err := be.Prepare(ctx); err != nil {
+		return nil, closeSeed(sd, err)
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts:    opts,
-		cli:     opts.Client,
+		backend: be,
+		docker:  docker,
 		log:     log.With("instance", opts.Instance),
-		image:   img,
 		snaps:   snaps,
 		seed:    sd,
 		pool:    newPool(opts.Warm),
 		proxy:   proxy,
-		fw:      fw,
 		ctx:     mctx,
 		cancel:  cancel,
 		removed: make(chan struct{}),
 		byKey:   make(map[string]*Sandbox),
 		byID:    make(map[string]*Sandbox),
 	}
-	if _, err := m.Sweep(ctx); err != nil {
+	if err := m.Sweep(ctx); err != nil {
 		m.log.Warn("session: sweep of leftovers failed", "err", err)
-	}
-	if _, err := m.sweepNetworks(ctx); err != nil {
-		m.log.Warn("session: sweep of leftover networks failed", "err", err)
 	}
 	if opts.IdleTimeout > 0 {
 		m.wg.Add(1)
@@ -255,15 +250,21 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.wg.Add(1)
 		go m.fillLoop()
 	}
-	m.log.Info("session: ready", "image", opts.Image, "runtime_image", img)
+	m.log.Info("session: ready", "image", opts.Image, "runtime_image", m.RuntimeImage())
 	return m, nil
 }
 
 // Instance returns the server instance id used in labels.
 func (m *Manager) Instance() string { return m.opts.Instance }
 
-// RuntimeImage returns the tag of the image sandboxes run.
-func (m *Manager) RuntimeImage() string { return m.image }
+// RuntimeImage returns the tag of the image sandboxes run, or "" when the
+// backend is not Docker's.
+func (m *Manager) RuntimeImage() string {
+	if m.docker == nil {
+		return ""
+	}
+	return m.docker.RuntimeImage()
+}
 
 // Snapshots returns the snapshot store.
 func (m *Manager) Snapshots() *SnapshotStore { return m.snaps }
@@ -447,227 +448,10 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 }
 
-// labels returns the labels of a sandbox's engine objects.
-func (m *Manager) labels(sandbox string) map[string]string {
-	l := ownerLabels()
-	l[LabelManaged] = "1"
-	l[LabelInstance] = m.opts.Instance
-	l[LabelSandbox] = sandbox
-	l[LabelCreated] = time.Now().UTC().Format(time.RFC3339)
-	return l
-}
-
-// startInstance creates, attaches and starts container number gen of the
-// sandbox with the given id and waits for its agent. On failure nothing is
-// left behind.
-func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
-	caller := ctx
-	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
-	defer cancel()
-	name := fmt.Sprintf("sandbox-mcp-%s-%d", sandbox, gen)
-	p := m.opts.Policy
-	inst = &instance{name: name, quiet: make(chan struct{})}
-	defer func() {
-		if err != nil {
-			m.removeInstance(inst)
-			// A call that ended while its container started is not an
-			// engine fault: report why it ended.
-			if cause := context.Cause(caller); cause != nil {
-				err = cause
-			}
-		}
-	}()
-	env := m.sandboxEnv()
-	netName, dns, addr := "none", []netip.Addr(nil), netip.Addr{}
-	if m.proxy != nil {
-		n, err := m.openNet(ctx, sandbox, name)
-		if err != nil {
-			return inst, err
-		}
-		inst.net = n
-		env = append(env, n.env()...)
-		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
-	}
-	spec := ContainerSpec(ContainerParams{
-		Name:              name,
-		Image:             m.image,
-		Labels:            m.labels(sandbox),
-		UID:               m.opts.UID,
-		GID:               m.opts.GID,
-		Env:               env,
-		WorkspaceBytes:    p.MaxWorkspaceBytes,
-		WorkspaceReadOnly: p.ReadOnly,
-		WorkspaceInImage:  p.ReadOnly && m.seed != nil,
-		TmpBytes:          m.opts.TmpBytes,
-		Memory:            p.Memory,
-		NanoCPUs:          int64(p.CPUs * 1e9),
-		Pids:              p.Pids,
-		NoFile:            DefaultNoFile,
-		Network:           netName,
-		NetworkAddr:       addr,
-		DNS:               dns,
-		Runtime:           m.opts.Runtime,
-		SeccompProfile:    m.opts.SeccompProfile,
-	})
-	start := time.Now()
-	created, err := m.cli.ContainerCreate(ctx, spec)
-	if err != nil {
-		return inst, engineError("create the sandbox container", err)
-	}
-	inst.containerID = created.ID
-	att, err := m.cli.ContainerAttach(ctx, created.ID, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
-	if err != nil {
-		return inst, engineError("attach to the sandbox container", err)
-	}
-	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
-		att.Close()
-		return inst, engineError("start the sandbox container", err)
-	}
-	log := m.log.With("sandbox", sandbox, "container", created.ID[:12])
-	frames, agentLog := demuxAttach(att.Reader, log)
-	c, err := newConn(ctx, frames, att.Conn, att.Conn, m.opts.Lease, log)
-	if err != nil {
-		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, agentLog.tail())
-	}
-	inst.conn = c
-	if m.opts.Policy.NeedsResolve() {
-		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
-		if err != nil {
-			return inst, fmt.Errorf("resolve the command allowlist: %w", err)
-		}
-		inst.allowed = make(map[string]string)
-		for i, p := range paths {
-			if p == "" {
-				log.Warn("session: allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
-				continue
-			}
-			inst.allowed[p] = m.opts.Policy.AllowCmds[i]
-		}
-	}
-	m.wg.Add(1)
-	go m.keepAlive(inst, log)
-	log.Info("session: sandbox started", "image", m.image, "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
-		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
-	return inst, nil
-}
-
-// sandboxEnv is the environment every sandbox container gets. Nothing else
-// of the server's environment enters a sandbox.
-func (m *Manager) sandboxEnv() []string {
-	env := []string{"HOME=/tmp"}
-	return append(env, m.opts.Env...)
-}
-
-// keepAlive pings the agent while the instance lives, so the agent's lease
-// does not run out, and ends an instance whose agent stops answering. When
-// the connection ends for any reason, the container is removed.
-func (m *Manager) keepAlive(inst *instance, log *slog.Logger) {
-	defer m.wg.Done()
-	every := max(m.opts.Lease/4, 100*time.Millisecond)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	quiet := inst.quiet
-	for {
-		select {
-		case <-inst.conn.dead:
-			m.removeInstance(inst)
-			return
-		case <-m.ctx.Done():
-			return
-		case <-quiet:
-			t.Stop()
-			quiet = nil
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(m.ctx, max(m.opts.Lease/2, time.Second))
-			err := inst.conn.ping(ctx)
-			cancel()
-			if err != nil && m.ctx.Err() == nil {
-				inst.conn.fail(fmt.Errorf("the agent stopped answering: %w", err))
-			}
-		}
-	}
-}
-
-// stopKeepAlive stops an instance's heartbeats, as a frozen server would.
-func (m *Manager) stopKeepAlive(inst *instance) { close(inst.quiet) }
-
-// removeInstance ends an instance's connection and removes its container,
-// waiting until the engine has let go of it.
-func (m *Manager) removeInstance(inst *instance) {
-	if inst.conn != nil {
-		inst.conn.fail(errors.New("the sandbox was removed"))
-	}
-	if inst.containerID != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := removeContainer(ctx, m.cli, inst.containerID); err != nil {
-			m.log.Warn("session: remove container", "container", inst.containerID, "err", err)
-		}
-	}
-	if inst.net != nil {
-		m.closeNet(inst.net)
-	}
-}
-
-// Sweep removes sandbox containers that are provably orphaned: stopped ones
-// (a running sandbox's agent ends, and its container is removed, as soon as
-// its server lets go of the stream), and ones created but never started
-// long ago. It never touches a running container: that belongs to a live
-// server beside this one. It returns the number removed.
-func (m *Manager) Sweep(ctx context.Context) (int, error) {
-	list, err := m.cli.ContainerList(ctx, client.ContainerListOptions{
-		All:     true,
-		Filters: make(client.Filters).Add("label", LabelManaged+"=1"),
-	})
-	if err != nil {
-		return 0, engineError("list containers", err)
-	}
-	n := 0
-	now := time.Now()
-	for _, c := range list.Items {
-		if !orphaned(string(c.State), time.Unix(c.Created, 0), now) &&
-			!(string(c.State) == "created" && ownerGone(c.Labels)) {
-			continue
-		}
-		if err := removeContainer(ctx, m.cli, c.ID); err != nil {
-			m.log.Warn("session: sweep: remove container", "container", c.ID, "err", err)
-			continue
-		}
-		n++
-		m.log.Info("session: swept orphaned container", "container", c.ID[:12], "state", c.State,
-			"sandbox", c.Labels[LabelSandbox], "instance", c.Labels[LabelInstance])
-	}
-	return n, nil
-}
-
-// orphaned decides whether a labelled container in the given state, made at
-// created, is left over from a server that is gone.
-func orphaned(state string, created, now time.Time) bool {
-	switch state {
-	case "exited", "dead":
-		return true
-	case "created":
-		return now.Sub(created) > orphanGrace
-	}
-	return false // running, paused, restarting, removing: a live server's
-}
-
 func randomID(prefix string) string {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return prefix + hex.EncodeToString(b[:])
-}
-
-// isGone reports an engine error that means the object no longer exists.
-func isGone(err error) bool { return cerrdefs.IsNotFound(err) }
-
-// engineError reports an engine failure as UNAVAILABLE, saying whether
-// retrying helps.
-func engineError(what string, err error) error {
-	if client.IsErrConnectionFailed(err) {
-		return errcode.Errorf(errcode.Unavailable, "cannot %s: the Docker engine is not reachable (%v); retrying will not help until it is back", what, err)
-	}
-	return errcode.Errorf(errcode.Unavailable, "cannot %s: %v; retrying may help if this was a passing engine fault", what, err)
 }

@@ -1,0 +1,94 @@
+// Package backend is the seam between a sandbox's life (package session) and
+// what runs it: Docker containers (package session/engine) today, other
+// backends (Kubernetes pods, a test's in-process agent) beside it.
+//
+// A backend starts instances: one sandbox's container or pod, the agent
+// running in it and attached, its protocol stream handed back as plain
+// readers and writers. It knows nothing of the protocol, of snapshots, of
+// idle timeouts or of MCP: session's state machine drives it through the
+// three calls of Backend and the few of Instance.
+package backend
+
+import (
+	"context"
+	"io"
+
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
+)
+
+// Backend runs sandbox instances. Its methods are safe for concurrent use.
+type Backend interface {
+	// Prepare makes ready what every instance needs (the runtime image,
+	// the host's firewall chain); the server calls it once, before any
+	// Start. An error says what the operator must fix.
+	Prepare(ctx context.Context) error
+	// Start starts one instance, its agent running with the protocol
+	// stream attached, and returns when the agent's stream is open (not
+	// when the agent said hello: the caller reads that). On failure it
+	// leaves nothing behind. Errors the model can act on are
+	// *errcode.Error (UNAVAILABLE for an engine fault).
+	Start(ctx context.Context, spec InstanceSpec) (Instance, error)
+	// Sweep removes what servers that are gone left behind: instances
+	// whose stream no server holds any more, their networks and rules. It
+	// never touches what a live server (this one or another) still uses.
+	Sweep(ctx context.Context) error
+}
+
+// Instance is one started sandbox instance: a container, a pod.
+type Instance interface {
+	// Name is the backend's name for the instance (the container's name,
+	// the pod's), which the backend's own tools accept.
+	Name() string
+	// Stdout is the agent's protocol stream, demultiplexed: the agent's
+	// frames only. It ends (io.EOF, or the stream's error) when the
+	// instance ends or its stream is cut: that end is how the server
+	// learns an instance is gone, so a backend must not leave it open
+	// when its instance is removed from outside.
+	Stdout() io.Reader
+	// Stdin is the agent's input. Closing it ends the agent, and with it
+	// the instance.
+	Stdin() io.WriteCloser
+	// StderrTail returns the last lines the agent wrote to its stderr (or
+	// "none"), for the error that reports an agent that did not start.
+	StderrTail() string
+	// Remove removes the instance and what was made for it (its network,
+	// firewall rules, proxy listener) and waits until the backend has let
+	// go of it. It is safe to call more than once and concurrently; later
+	// calls wait for the first and return its result.
+	Remove(ctx context.Context) error
+}
+
+// InstanceSpec is what an instance is started with. Every field comes from
+// the operator's policy and the server's options; nothing here comes from a
+// tool argument.
+type InstanceSpec struct {
+	// Sandbox is the id of the sandbox the instance serves; Generation
+	// counts its instances from 1. Together they name the instance.
+	Sandbox    string
+	Generation int
+	// UID and GID are the sandbox user every command runs as (never 0).
+	UID, GID int
+	// Env is the sandbox's whole environment (NAME=VALUE). The backend
+	// adds the proxy's variables when Proxy is set; nothing else enters.
+	Env []string
+	// Limits bound the instance's resources.
+	Limits Limits
+	// ReadOnly mounts the workspace read-only.
+	ReadOnly bool
+	// Proxy is the egress proxy. nil means no network at all; otherwise
+	// the instance gets a network of its own whose only way out is this
+	// proxy, served (netproxy.Proxy.Serve) for the instance's address
+	// alone, until Remove.
+	Proxy *netproxy.Proxy
+}
+
+// Limits bound one instance. Zero values are not "no limit": the server
+// always sets every field.
+type Limits struct {
+	Memory         int64 // bytes of memory; no swap beyond it
+	NanoCPUs       int64 // CPU quota in 1e-9 CPUs
+	Pids           int64 // processes
+	NoFile         int64 // open files per process (soft and hard)
+	WorkspaceBytes int64 // size of /workspace
+	TmpBytes       int64 // size of /tmp
+}

@@ -1,0 +1,145 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
+)
+
+// instance is one started instance of a sandbox (a container) and the
+// connection to its agent.
+type instance struct {
+	box  backend.Instance
+	conn *conn
+	// allowed maps each resolved allowlist entry to its spelling.
+	allowed  map[string]string
+	reported atomic.Bool // a call has told the model this container is gone
+	// quiet, when closed, stops the heartbeats (a test uses it to play a
+	// frozen server).
+	quiet chan struct{}
+}
+
+// startInstance starts instance number gen of the sandbox with the given id
+// and waits for its agent. On failure nothing is left behind.
+func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
+	caller := ctx
+	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
+	defer cancel()
+	p := m.opts.Policy
+	inst = &instance{quiet: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			m.removeInstance(inst)
+			// A call that ended while its container started is not an
+			// engine fault: report why it ended.
+			if cause := context.Cause(caller); cause != nil {
+				err = cause
+			}
+		}
+	}()
+	start := time.Now()
+	box, err := m.backend.Start(ctx, backend.InstanceSpec{
+		Sandbox:    sandbox,
+		Generation: gen,
+		UID:        m.opts.UID,
+		GID:        m.opts.GID,
+		Env:        m.sandboxEnv(),
+		Limits: backend.Limits{
+			Memory:         p.Memory,
+			NanoCPUs:       int64(p.CPUs * 1e9),
+			Pids:           p.Pids,
+			NoFile:         DefaultNoFile,
+			WorkspaceBytes: p.MaxWorkspaceBytes,
+			TmpBytes:       m.opts.TmpBytes,
+		},
+		ReadOnly: p.ReadOnly,
+		Proxy:    m.proxy,
+	})
+	if err != nil {
+		return inst, err
+	}
+	inst.box = box
+	log := m.log.With("sandbox", sandbox, "container", box.Name())
+	c, err := newConn(ctx, box.Stdout(), box.Stdin(), box.Stdin(), m.opts.Lease, log)
+	if err != nil {
+		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, box.StderrTail())
+	}
+	inst.conn = c
+	if m.opts.Policy.NeedsResolve() {
+		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
+		if err != nil {
+			return inst, fmt.Errorf("resolve the command allowlist: %w", err)
+		}
+		inst.allowed = make(map[string]string)
+		for i, p := range paths {
+			if p == "" {
+				log.Warn("session: allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
+				continue
+			}
+			inst.allowed[p] = m.opts.Policy.AllowCmds[i]
+		}
+	}
+	m.wg.Add(1)
+	go m.keepAlive(inst, log)
+	log.Info("session: sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
+		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
+	return inst, nil
+}
+
+// sandboxEnv is the environment every sandbox container gets. Nothing else
+// of the server's environment enters a sandbox.
+func (m *Manager) sandboxEnv() []string {
+	env := []string{"HOME=/tmp"}
+	return append(env, m.opts.Env...)
+}
+
+// keepAlive pings the agent while the instance lives, so the agent's lease
+// does not run out, and ends an instance whose agent stops answering. When
+// the connection ends for any reason, the container is removed.
+func (m *Manager) keepAlive(inst *instance, log *slog.Logger) {
+	defer m.wg.Done()
+	every := max(m.opts.Lease/4, 100*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	quiet := inst.quiet
+	for {
+		select {
+		case <-inst.conn.dead:
+			m.removeInstance(inst)
+			return
+		case <-m.ctx.Done():
+			return
+		case <-quiet:
+			t.Stop()
+			quiet = nil
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(m.ctx, max(m.opts.Lease/2, time.Second))
+			err := inst.conn.ping(ctx)
+			cancel()
+			if err != nil && m.ctx.Err() == nil {
+				inst.conn.fail(fmt.Errorf("the agent stopped answering: %w", err))
+			}
+		}
+	}
+}
+
+// stopKeepAlive stops an instance's heartbeats, as a frozen server would.
+func (m *Manager) stopKeepAlive(inst *instance) { close(inst.quiet) }
+
+// removeInstance ends an instance's connection and removes its container,
+// waiting until the engine has let go of it.
+func (m *Manager) removeInstance(inst *instance) {
+	if inst.conn != nil {
+		inst.conn.fail(errRemoved)
+	}
+	if inst.box != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		inst.box.Remove(ctx) // it logs what it could not remove
+	}
+}
