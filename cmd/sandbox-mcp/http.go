@@ -90,11 +90,11 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.A
 	}
 
 	// No tunnel may lead back to this listener.
-	m, cli, err := newManager(ctx, cfg, log, audit, addr.AddrPort())
+	m, release, err := newManager(ctx, cfg, log, audit, addr.AddrPort())
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
+	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	sessions.OwnerOf = ownerOf

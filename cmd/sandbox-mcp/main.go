@@ -34,6 +34,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -177,19 +178,42 @@ func buildVersion() string {
 // newManager connects to the engine and prepares the sandboxes' runtime.
 // deny lists addresses the egress proxy must never reach (the MCP HTTP
 // listener); audit, if not nil, gets a record per proxy decision.
-func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.AuditLog, deny ...netip.AddrPort) (*session.Manager, *client.Client, error) {
-	cli, err := client.New(client.FromEnv)
-	if err != nil {
-		return nil, nil, fmt.Errorf("docker client: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
-		cli.Close()
-		return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
+func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.AuditLog, deny ...netip.AddrPort) (*session.Manager, func(), error) {
+	var (
+		cli     *client.Client
+		kb      *kube.Backend
+		release func()
+	)
+	instance := newInstanceID()
+	if cfg.Kube.Backend == BackendKubernetes {
+		var err error
+		if kb, err = newKubeBackend(cfg, instance, log); err != nil {
+			return nil, nil, fmt.Errorf("kubernetes backend: %w", err)
+		}
+		// After the manager removed its pods: the lease and policy go.
+		release = func() {
+			cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			if err := kb.Close(cctx); err != nil {
+				log.Warn("kubernetes backend: close", "err", err)
+			}
+		}
+	} else {
+		var err error
+		cli, err = client.New(client.FromEnv)
+		if err != nil {
+			return nil, nil, fmt.Errorf("docker client: %w", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+			cli.Close()
+			return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
+		}
+		release = func() { cli.Close() }
 	}
 	opts := session.Options{
-		Client:      cli,
+		Instance:    instance,
 		Image:       cfg.Image,
 		AgentBinary: cfg.AgentBin,
 		Policy:      cfg.Policy,
@@ -211,12 +235,17 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 	if audit != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
 	}
+	if kb != nil {
+		opts.Backend = kb
+	} else {
+		opts.Client = cli
+	}
 	m, err := session.NewManager(ctx, opts)
 	if err != nil {
-		cli.Close()
+		release()
 		return nil, nil, err
 	}
-	return m, cli, nil
+	return m, release, nil
 }
 
 // newServer builds the MCP server with every tool and resource; audit, if
@@ -253,11 +282,11 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, audit *tools.AuditLog) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	m, cli, err := newManager(ctx, cfg, log, audit)
+	m, release, err := newManager(ctx, cfg, log, audit)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
+	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	server := newServer(cfg, m, sessions, log, audit)
