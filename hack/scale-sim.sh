@@ -119,6 +119,8 @@ start etcd "$K8S_BIN/etcd" --name scale --data-dir "$W/etcd" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
   --initial-cluster "scale=http://127.0.0.1:$ETCD_PEER" --quota-backend-bytes=4294967296
 waitfor 30 "etcd" curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+# No controller manager runs, so nothing would lift the not-ready taint that
+# TaintNodesByCondition puts on a new node: that admission plugin is off.
 start apiserver "$K8S_BIN/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --secure-port=$API_PORT --advertise-address=127.0.0.1 \
@@ -126,7 +128,8 @@ start apiserver "$K8S_BIN/kube-apiserver" \
   --client-ca-file="$W/pki/ca.crt" \
   --service-account-key-file="$W/pki/sa.pub" --service-account-signing-key-file="$W/pki/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-  --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=RBAC --profiling=false
+  --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=RBAC --profiling=false \
+  --disable-admission-plugins=TaintNodesByCondition
 waitfor 120 "kube-apiserver" curl -sf --cacert "$W/pki/ca.crt" --cert "$W/pki/admin.crt" --key "$W/pki/admin.key" "https://127.0.0.1:$API_PORT/readyz"
 # The scheduler's client limits are raised as a large cluster's are (the
 # defaults, 50 requests/s, would measure the scheduler's limit, not ours).
@@ -142,7 +145,7 @@ start scheduler "$K8S_BIN/kube-scheduler" --config="$W/scheduler.yaml" --secure-
 start kwok "$KWOK" --kubeconfig="$KC" \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --cidr=10.0.0.1/8 --node-ip=10.255.255.254 --node-lease-duration-seconds=40
+  --cidr=10.0.0.1/8 --node-ip=10.255.255.254 --node-lease-duration-seconds=40 --v=WARN
 say "control plane and kwok up; running the simulation ($NODES nodes, $SANDBOXES sandboxes)"
 
 mkdir -p "$(dirname "$OUT")"
