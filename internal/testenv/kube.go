@@ -29,7 +29,8 @@ const DefaultKubeconfig = "/var/tmp/k8s-node/pki/admin.kubeconfig"
 // KubeNode returns the test node's kubeconfig path and client
 // configuration, or skips the test with what to do: the Kubernetes tests
 // run where the test node is up (SANDBOX_MCP_KUBECONFIG, or its default
-// admin kubeconfig). Under -short they skip.
+// admin kubeconfig). Under -short they skip. With SANDBOX_MCP_REQUIRE_KUBE
+// set (.ci/run, which brings the node up) a missing node fails the test.
 func KubeNode(t testing.TB) (string, *rest.Config) {
 	t.Helper()
 	if testing.Short() {
@@ -39,8 +40,12 @@ func KubeNode(t testing.TB) (string, *rest.Config) {
 	if kc == "" {
 		kc = DefaultKubeconfig
 	}
+	skip := t.Skipf
+	if os.Getenv("SANDBOX_MCP_REQUIRE_KUBE") != "" {
+		skip = t.Fatalf // CI brought a node up: a missing one is a failure
+	}
 	if _, err := os.Stat(kc); err != nil {
-		t.Skipf("no Kubernetes test node (%s missing): run ../shared/tools/k8s/k8s-node.sh all, then make k8s-images; or set SANDBOX_MCP_KUBECONFIG", kc)
+		skip("no Kubernetes test node (%s missing): run ../shared/tools/k8s/k8s-node.sh all, then make k8s-images; or set SANDBOX_MCP_KUBECONFIG", kc)
 	}
 	rc, err := clientcmd.BuildConfigFromFlags("", kc)
 	if err != nil {
@@ -52,7 +57,7 @@ func KubeNode(t testing.TB) (string, *rest.Config) {
 		t.Fatal(err)
 	}
 	if _, err := cs.Discovery().ServerVersion(); err != nil {
-		t.Skipf("the Kubernetes test node at %s does not answer (%v): run ../shared/tools/k8s/k8s-node.sh up", rc.Host, err)
+		skip("the Kubernetes test node at %s does not answer (%v): run ../shared/tools/k8s/k8s-node.sh up", rc.Host, err)
 	}
 	rc.Timeout = 0
 	return kc, rc
