@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
@@ -81,80 +79,127 @@ func (s *server) resolve(name, cwd string) (string, error) {
 		"program %q was not found on the sandbox's PATH (%s); check the name, or give a path", name, strings.Join(s.path, ":"))
 }
 
-// exec runs one command and sends its output and exit frame.
+// maxExecStdin bounds the stdin an exec request carries in its data frames.
+const maxExecStdin = 64 << 20
+
+// exec runs one command as a job. A foreground exec sends its output
+// frames and its exit frame; a background exec answers at once with the
+// job's status.
 func (s *server) exec(ctx context.Context, c *call, req agentproto.ExecRequest) {
-	res, err := s.run(ctx, c, req)
-	if err != nil {
+	if err := s.run(ctx, c, req); err != nil {
 		s.sendError(c.id, err)
-		return
-	}
-	if err := s.send(c.id, agentproto.KindExit, res, nil); err != nil {
-		s.log.Warn("agent: send exit", "id", c.id, "err", err)
 	}
 }
 
-func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (agentproto.ExecResult, error) {
-	var res agentproto.ExecResult
+// run starts the command and, for a foreground exec, waits for it. It
+// returns an error only before the command started; after that it sends
+// the terminal frame itself.
+func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) error {
 	if len(req.Argv) == 0 {
-		return res, errcode.Errorf(errcode.InvalidArgument, "argv is empty")
+		return errcode.Errorf(errcode.InvalidArgument, "argv is empty")
 	}
 	prog := req.Path
 	if prog == "" {
 		p, err := s.resolve(req.Argv[0], req.Cwd)
 		if err != nil {
-			return res, err
+			return err
 		}
 		prog = p
 	}
 	dir, err := s.ws.OpenDir(req.Cwd)
 	if err != nil {
-		return res, err
+		return err
 	}
 	defer dir.Close()
 
 	// Collect stdin before starting: the server sends it right behind the
 	// request, and the inbox never blocks the frame reader.
-	var stdin io.Reader
+	var stdinData []byte
 	if c.in != nil {
-		stdin = c.in
+		stdinData, err = io.ReadAll(io.LimitReader(c.in, maxExecStdin+1))
+		if err != nil {
+			return fmt.Errorf("read stdin: %w", err)
+		}
+		if len(stdinData) > maxExecStdin {
+			return errcode.Errorf(errcode.TooLarge, "stdin is larger than %d bytes; write it to a file and redirect it", maxExecStdin)
+		}
 	}
 
 	var group uint32
 	if !s.opts.Unprivileged {
 		g, err := s.groups.take()
 		if err != nil {
-			return res, errcode.Errorf(errcode.Busy, "%v", err)
+			return errcode.Errorf(errcode.Busy, "%v", err)
 		}
 		group = g
-	}
-	// members tells a command's processes from the others: by its group,
-	// or, unprivileged, by the process tree from its process group.
-	members := func(pgid int) func(procInfo, map[int]*member) bool {
-		if s.opts.Unprivileged {
-			return treeMembers(pgid, true)
-		}
-		return groupMembers(group)
 	}
 	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+1)
 	env = append(env, s.opts.Env...)
 	env = append(env, req.Env...)
 	env = append(env, "PWD="+path.Join(s.opts.Workspace, req.Cwd))
 
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return res, fmt.Errorf("stdout pipe: %w", err)
+	var files []*os.File
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return res, fmt.Errorf("stderr pipe: %w", err)
+	pipe := func() (*os.File, *os.File, error) {
+		r, w, err := os.Pipe()
+		if err == nil {
+			files = append(files, r, w)
+		}
+		return r, w, err
 	}
+	outR, outW, err := pipe()
+	if err != nil {
+		return fmt.Errorf("stdout pipe: %w", err)
+	}
+	errR, errW, err := pipe()
+	if err != nil {
+		closeAll()
+		return fmt.Errorf("stderr pipe: %w", err)
+	}
+	inR, inW, err := pipe()
+	if err != nil {
+		closeAll()
+		return fmt.Errorf("stdin pipe: %w", err)
+	}
+	label := req.Label
+	if len(label) > maxLabel {
+		label = strings.ToValidUTF8(label[:maxLabel], "") + "..."
+	}
+	j := &job{
+		id: req.Job, label: label, started: time.Now(), group: group, unprivileged: s.opts.Unprivileged,
+		stdin: inW, stdinSem: make(chan struct{}, 1),
+		out:     [2]ring{newRing(req.KeepOutput), newRing(req.KeepOutput)},
+		changed: make(chan struct{}),
+		readers: []*os.File{outR, errR},
+	}
+	if !req.Background {
+		kinds := [2]agentproto.Kind{agentproto.KindStdout, agentproto.KindStderr}
+		var sent [2]int64
+		j.live = func(stream int, p []byte) {
+			if room := req.MaxOutput - sent[stream]; room > 0 {
+				chunk := p[:min(int64(len(p)), room)]
+				if s.send(c.id, kinds[stream], nil, chunk) == nil {
+					sent[stream] += int64(len(chunk))
+				}
+			}
+		}
+	}
+	if req.Job != 0 {
+		if err := s.jobs.add(j, req.MaxJobs); err != nil {
+			closeAll()
+			return err
+		}
+	}
+
 	cmd := &exec.Cmd{
 		Path:   prog,
 		Args:   req.Argv,
 		Env:    env,
-		Stdin:  stdin,
+		Stdin:  inR,
 		Stdout: outW,
 		Stderr: errW,
 		// The directory fd is inherited across fork and closed at execve
@@ -162,23 +207,24 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 		// checked is the directory entered, whatever happens to its path.
 		Dir:         fmt.Sprintf("/proc/self/fd/%d", dir.Fd()),
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-		// With stdin from a Reader, Wait waits for the copy to end; a
-		// command that never reads its stdin must not hold the call.
-		WaitDelay: lingerGrace,
+	}
+	// A background job outlives its request: its life is the connection's.
+	base := ctx
+	if req.Background {
+		base = s.root
 	}
 	// The timeout runs from here: a command can be stopped (by the sandbox
 	// user, whose process it is as soon as it changed its ids) before it
 	// executes its program, and then its start does not return. Its
 	// timeout or cancel kills it there too.
-	runCtx, cancelRun := ctx, context.CancelFunc(func() {})
+	runCtx, cancelRun := base, context.CancelFunc(func() {})
 	if req.TimeoutMillis > 0 {
-		runCtx, cancelRun = context.WithTimeout(ctx, time.Duration(req.TimeoutMillis)*time.Millisecond)
+		runCtx, cancelRun = context.WithTimeout(base, time.Duration(req.TimeoutMillis)*time.Millisecond)
 	}
-	defer cancelRun()
 	// Unprivileged, a command stopped before it executes its program is not
 	// found here (its pid is not known yet); the stopped start then holds
 	// the call until the sandbox ends.
-	unwatch := context.AfterFunc(runCtx, func() { killTree(0, members(0)) })
+	unwatch := context.AfterFunc(runCtx, func() { killTree(0, j.members(0)) })
 	start := time.Now()
 	if s.opts.Unprivileged {
 		err = cmd.Start()
@@ -187,99 +233,115 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) (
 	}
 	killedAtStart := !unwatch()
 	if err != nil {
-		outR.Close()
-		outW.Close()
-		errR.Close()
-		errW.Close()
-		return res, startError(req.Argv[0], prog, err)
+		cancelRun()
+		closeAll()
+		s.jobs.remove(req.Job)
+		return startError(req.Argv[0], prog, err)
 	}
 	outW.Close()
 	errW.Close()
+	inR.Close()
+	pgid := cmd.Process.Pid
+	j.mu.Lock()
+	j.pgid = pgid
+	j.mu.Unlock()
 
 	var readers sync.WaitGroup
 	readers.Add(2)
+	go func() { defer readers.Done(); j.pump(0, outR) }()
+	go func() { defer readers.Done(); j.pump(1, errR) }()
+	// The first input goes in from its own goroutine: a command that does
+	// not read it must not hold the call. A foreground command's stdin ends
+	// after it; a background job's stays open for sandbox_job.
 	go func() {
-		defer readers.Done()
-		res.StdoutBytes = s.pump(c.id, agentproto.KindStdout, outR, req.MaxOutput)
-	}()
-	go func() {
-		defer readers.Done()
-		res.StderrBytes = s.pump(c.id, agentproto.KindStderr, errR, req.MaxOutput)
+		j.stdinSem <- struct{}{}
+		defer func() { <-j.stdinSem }()
+		if len(stdinData) > 0 && j.stdin != nil {
+			_, _ = j.stdin.Write(stdinData)
+		}
+		if !req.Background && j.stdin != nil {
+			j.stdin.Close()
+			j.stdin = nil
+		}
 	}()
 
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 
-	pgid := cmd.Process.Pid
-	var waitErr error
-	stopped := func() {
-		if ctx.Err() != nil {
-			res.Cancelled = true
-		} else {
-			res.TimedOut = true
+	// wait waits for the command and records how it ended.
+	wait := func() (res agentproto.ExecResult, waitErr error) {
+		stopped := func() {
+			if ctx.Err() != nil && !req.Background {
+				res.Cancelled = true
+			} else {
+				res.TimedOut = true
+			}
 		}
-	}
-	select {
-	case waitErr = <-waited:
-		if killedAtStart {
-			stopped()
+		select {
+		case waitErr = <-waited:
+			if killedAtStart {
+				stopped()
+			}
+		case <-runCtx.Done():
+			if s.root.Err() == nil || !req.Background {
+				stopped()
+			}
+			res.Killed = killTree(pgid, j.members(pgid))
+			waitErr = <-waited
 		}
-	case <-runCtx.Done():
-		stopped()
-		res.Killed = killTree(pgid, members(pgid))
-		waitErr = <-waited
+		res.DurationNano = int64(time.Since(start))
+		cancelRun()
+		j.finish(cmd.ProcessState, res.TimedOut)
+		// A process the command left behind may hold stdin: writers to it
+		// give up now, and it is closed.
+		_ = inW.SetWriteDeadline(time.Now())
+		j.closeStdin()
+		return res, waitErr
 	}
-	res.DurationNano = int64(time.Since(start))
 
+	if req.Background {
+		go func() { _, _ = wait() }()
+		j.mu.Lock()
+		st := j.statusLocked()
+		j.mu.Unlock()
+		s.finish(c.id, st, nil)
+		return nil
+	}
+
+	res, waitErr := wait()
 	// Output the command wrote before it exited is in the pipes; read it
 	// all. Background processes may hold the pipes open: stop waiting for
-	// them after a short grace.
+	// them after a short grace. A kept job goes on reading what they
+	// write; a command run without a job drops it.
 	done := make(chan struct{})
 	go func() { readers.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(lingerGrace):
+		if req.Job == 0 {
+			outR.Close()
+			errR.Close()
+			<-done
+		}
+	}
+	if req.Job == 0 {
 		outR.Close()
 		errR.Close()
-		<-done
 	}
-	outR.Close()
-	errR.Close()
-
-	st := cmd.ProcessState
-	if st == nil {
-		return res, fmt.Errorf("wait: %w", waitErr)
+	j.mu.Lock()
+	j.live = nil
+	res.StdoutBytes, res.StderrBytes = j.out[0].total, j.out[1].total
+	j.cursor = [2]int64{res.StdoutBytes, res.StderrBytes}
+	st := j.status
+	j.mu.Unlock()
+	if cmd.ProcessState == nil {
+		return fmt.Errorf("wait: %w", waitErr)
 	}
-	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		res.ExitCode = 128 + int(ws.Signal())
-		res.Signal = unix.SignalName(ws.Signal())
-	} else {
-		res.ExitCode = st.ExitCode()
+	res.ExitCode, res.Signal = st.ExitCode, st.Signal
+	if err := s.send(c.id, agentproto.KindExit, res, nil); err != nil {
+		s.log.Warn("agent: send exit", "id", c.id, "err", err)
 	}
-	return res, nil
-}
-
-// pump reads one output stream to EOF, sends up to max bytes as frames and
-// drops the rest, so the command never blocks on a full pipe. It returns
-// the number of bytes the command wrote.
-func (s *server) pump(id uint64, kind agentproto.Kind, r *os.File, max int64) int64 {
-	buf := make([]byte, 32<<10)
-	var total, sent int64
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			total += int64(n)
-			if room := max - sent; room > 0 {
-				chunk := buf[:min(int64(n), room)]
-				if s.send(id, kind, nil, chunk) == nil {
-					sent += int64(len(chunk))
-				}
-			}
-		}
-		if err != nil {
-			return total
-		}
-	}
+	return nil
 }
 
 func startError(name, prog string, err error) error {

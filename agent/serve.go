@@ -58,6 +58,10 @@ type server struct {
 	mu    sync.Mutex
 	calls map[uint64]*call
 
+	// root is Serve's context: background jobs live as long as it does.
+	root context.Context
+	jobs *jobTable
+
 	lastFrame atomic.Int64 // unix nanos of the last frame received
 	leaseTTL  atomic.Int64 // nanos; 0 = no lease
 	wg        sync.WaitGroup
@@ -114,6 +118,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		groups: groups,
 		w:      agentproto.NewWriter(out),
 		calls:  make(map[uint64]*call),
+		jobs:   newJobTable(),
 	}
 	s.lastFrame.Store(time.Now().UnixNano())
 
@@ -130,6 +135,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	s.root = ctx
 	go s.watchLease(ctx, cancel)
 
 	frames := make(chan agentproto.Frame)
@@ -190,8 +196,8 @@ func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc)
 	}
 }
 
-// stopAll cancels every request in flight and waits for them to finish, so
-// every command's processes are killed before the agent returns.
+// stopAll cancels every request in flight, waits for them to finish and
+// kills every job's processes, so nothing the agent started outlives it.
 func (s *server) stopAll() {
 	s.mu.Lock()
 	for _, c := range s.calls {
@@ -202,6 +208,7 @@ func (s *server) stopAll() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.jobs.killAll()
 }
 
 func (s *server) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
@@ -261,11 +268,50 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
 			s.exec(ctx, c, req)
 		})
+	case agentproto.KindJob:
+		var req agentproto.JobRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			s.jobOp(ctx, c, req)
+		})
+	case agentproto.KindJobs:
+		var req agentproto.JobsRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			s.listJobs(c)
+		})
 	case agentproto.KindRead:
 		var req agentproto.ReadRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
 			dst := &chunkWriter{s: s, id: c.id}
-			res, err := s.ws.ReadFile(req.Path, req.Offset, req.Length, req.Max, dst)
+			var res agentproto.ReadResult
+			var err error
+			if req.StartLine > 0 {
+				if req.Offset != 0 || req.Length != 0 {
+					err = errcode.Errorf(errcode.InvalidArgument, "read %q: give lines or a byte range, not both", req.Path)
+				} else {
+					res, err = s.ws.ReadLines(req.Path, req.StartLine, req.EndLine, req.Max, dst)
+				}
+			} else {
+				res, err = s.ws.ReadFile(req.Path, req.Offset, req.Length, req.Max, dst)
+			}
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindEdit:
+		var req agentproto.EditRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.EditFile(req.Path, c.in, req.OldSize, req.NewSize, req.ReplaceAll, req.MaxFile)
+			c.in.abort(err)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindDelete:
+		var req agentproto.DeleteRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.Delete(req.Path, req.Recursive)
+			s.finish(c.id, res, err)
+		})
+	case agentproto.KindMove:
+		var req agentproto.MoveRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.ws.Move(req.From, req.To, req.Overwrite)
 			s.finish(c.id, res, err)
 		})
 	case agentproto.KindWrite:
@@ -325,7 +371,7 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 	switch r := req.(type) {
 	case *agentproto.ExecRequest:
 		withInput = r.Stdin
-	case *agentproto.WriteRequest, *agentproto.RestoreRequest:
+	case *agentproto.WriteRequest, *agentproto.EditRequest, *agentproto.RestoreRequest:
 		withInput = true
 	}
 	cctx, cancel := context.WithCancel(ctx)

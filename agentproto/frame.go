@@ -38,7 +38,20 @@ import (
 //     request gets its terminal frame. The error frame's codes are
 //     internal/errcode's, with INTERNAL for faults (the same strings as
 //     before).
-const Version = 2
+//   - 3 (2026-11-30): every exec may run as a job (ExecRequest.Job) whose
+//     output the agent keeps (KeepOutput per stream) for later reads; a
+//     background exec answers at once with KindResult and a JobStatus
+//     instead of output frames and KindExit; new requests KindJob (stdin,
+//     signal, wait, read a job's output from an offset) and KindJobs (list).
+//     A version 2 agent would refuse both kinds and stream a background
+//     command as a foreground one. ExecRequest.MaxJobs bounds the jobs that
+//     run at once (BUSY past it).
+//     Also edit, delete and move requests; a read may ask for
+//     lines (start_line, end_line) and its result says where the content
+//     starts and, for lines, which lines it holds and how many the file
+//     has. A version 2 agent would ignore start_line and send bytes from
+//     offset 0.
+const Version = 3
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
@@ -82,12 +95,27 @@ const (
 	// KindExit A→S: body ExecResult. Terminal.
 	KindExit Kind = "exit"
 
+	// KindJob S→A: body JobRequest. Answered by stdout/stderr frames, then
+	// KindResult with JobStatus.
+	KindJob Kind = "job"
+	// KindJobs S→A: body JobsRequest. Answered by KindResult with JobList.
+	KindJobs Kind = "jobs"
+
 	// KindRead S→A: body ReadRequest. Answered by data frames with the
 	// content, then KindResult with ReadResult.
 	KindRead Kind = "read"
 	// KindWrite S→A: body WriteRequest, then data frames and eof. Answered by
 	// KindResult with WriteResult.
 	KindWrite Kind = "write"
+	// KindEdit S→A: body EditRequest, then data frames (old text, new text)
+	// and eof. Answered by KindResult with EditResult.
+	KindEdit Kind = "edit"
+	// KindDelete S→A: body DeleteRequest. Answered by KindResult with
+	// DeleteResult.
+	KindDelete Kind = "delete"
+	// KindMove S→A: body MoveRequest. Answered by KindResult with
+	// MoveResult.
+	KindMove Kind = "move"
 	// KindList S→A: body ListRequest. Answered by data frames whose payloads
 	// are JSON lines of Entry, then KindResult with ListResult.
 	KindList Kind = "list"

@@ -28,16 +28,34 @@ var samples = map[string]any{
 	"exec_request": ExecRequest{
 		Path: "/bin/ls", Argv: []string{"ls", "-l"}, Cwd: "src", Env: []string{"A=1"},
 		TimeoutMillis: 60_000, MaxOutput: 32 << 10, Stdin: true,
+		Job: 4, Label: "ls -l", Background: true, KeepOutput: 1 << 20, MaxJobs: 8,
 	},
+	"job_request": JobRequest{
+		Job: 4, Stdin: []byte("hi\n"), CloseStdin: true, Signal: "TERM", WaitMillis: 1000,
+		StdoutOffset: -1, StderrOffset: 100, Max: 32 << 10,
+	},
+	"job_status": JobStatus{
+		Job: 4, Label: "ls -l", State: JobKilled, ExitCode: 143, Signal: "SIGTERM", TimedOut: true,
+		StartedUnixMilli: 1_796_000_000_000, StdoutFrom: 10, StderrFrom: 20, StdoutBytes: 2000, StderrBytes: 30,
+		StdoutDropped: 5, StderrDropped: 6, Killed: 2,
+	},
+	"jobs_request": JobsRequest{},
+	"job_list":     JobList{Jobs: []JobStatus{{Job: 4, Label: "sleep 9", State: JobRunning}}},
 	"exec_result": ExecResult{
 		ExitCode: 137, Signal: "KILL", TimedOut: true, Cancelled: true, StdoutBytes: 10, StderrBytes: 20,
 		Killed: 3, DurationNano: 1_500_000,
 	},
-	"read_request":  ReadRequest{Path: "a.txt", Offset: 10, Length: 100, Max: 8 << 20},
-	"read_result":   ReadResult{Size: 1000, Truncated: true},
-	"write_request": WriteRequest{Path: "a.txt", Append: true, Mode: 0o644, Size: 12},
-	"write_result":  WriteResult{Written: 12, Size: 24},
-	"list_request":  ListRequest{Path: "src", Recursive: true, Max: 1000},
+	"read_request":   ReadRequest{Path: "a.txt", Offset: 10, Length: 100, Max: 8 << 20, StartLine: 3, EndLine: 9},
+	"read_result":    ReadResult{Size: 1000, Truncated: true, Offset: 120, StartLine: 3, EndLine: 9, TotalLines: 40},
+	"edit_request":   EditRequest{Path: "a.txt", OldSize: 3, NewSize: 4, ReplaceAll: true, MaxFile: 8 << 20},
+	"edit_result":    EditResult{Replacements: 2, Size: 26, Created: true},
+	"delete_request": DeleteRequest{Path: "build", Recursive: true},
+	"delete_result":  DeleteResult{Deleted: 12, Type: TypeDir},
+	"move_request":   MoveRequest{From: "a.txt", To: "src/", Overwrite: true},
+	"move_result":    MoveResult{To: "src/a.txt", Type: TypeFile},
+	"write_request":  WriteRequest{Path: "a.txt", Append: true, Mode: 0o644, Size: 12},
+	"write_result":   WriteResult{Written: 12, Size: 24},
+	"list_request":   ListRequest{Path: "src", Recursive: true, Max: 1000},
 	"list_entry": Entry{
 		Path: "src/link", Type: TypeSymlink, Size: 3, Mode: 0o777,
 		MTime: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), Target: "../a.txt",
@@ -54,7 +72,7 @@ var samples = map[string]any{
 	// The kinds are the wire's vocabulary too.
 	"kinds": []Kind{
 		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
-		KindRead, KindWrite, KindList, KindResolve, KindSnapshot, KindRestore,
+		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore,
 		KindData, KindEOF, KindCancel, KindResult, KindError,
 	},
 }

@@ -54,6 +54,24 @@ type ExecRequest struct {
 	// Stdin is true when data frames with the command's stdin follow.
 	// Otherwise stdin is empty.
 	Stdin bool `json:"stdin,omitempty"`
+
+	// Job names the job the command runs as: an id the server picks, unique
+	// on the connection, that JobRequest uses later. 0 keeps no job.
+	Job uint64 `json:"job,omitempty"`
+	// Label is how the job is listed (the command as the model wrote it).
+	Label string `json:"label,omitempty"`
+	// Background answers at once with KindResult and a JobStatus; the
+	// output is only kept, never streamed. The command's stdin stays open
+	// after the data frames, until a JobRequest closes it.
+	Background bool `json:"background,omitempty"`
+	// KeepOutput is the number of bytes per stream the agent keeps for
+	// JobRequest reads, the oldest dropped first. 0 keeps nothing.
+	KeepOutput int64 `json:"keep_output,omitempty"`
+	// MaxJobs is the most jobs that may run at once: a request past it is
+	// refused with BUSY. The agent also keeps at most MaxJobs ended jobs,
+	// the oldest dropped first. 0 means no limit on running jobs and the
+	// default number of ended jobs kept.
+	MaxJobs int `json:"max_jobs,omitempty"`
 }
 
 // ExecResult ends an exec.
@@ -77,7 +95,76 @@ type ExecResult struct {
 // Duration returns the command's run time.
 func (r ExecResult) Duration() time.Duration { return time.Duration(r.DurationNano) }
 
-// ReadRequest reads part of a regular file.
+// Job states.
+const (
+	JobRunning = "running" // the command's process has not ended
+	JobExited  = "exited"  // it ended by itself with an exit code
+	JobKilled  = "killed"  // a signal ended it
+)
+
+// JobRequest acts on a job and reads its output. The steps run in order:
+// write Stdin, close stdin, send Signal, wait, read. The agent answers with
+// stdout and stderr frames, then KindResult with a JobStatus.
+type JobRequest struct {
+	Job uint64 `json:"job"`
+	// Stdin is written to the job's standard input; the agent waits a
+	// bounded time for the command to take it.
+	Stdin      []byte `json:"stdin,omitempty"`
+	CloseStdin bool   `json:"close_stdin,omitempty"`
+	// Signal is INT, TERM, HUP (sent to every process of the job) or KILL
+	// (the job's whole tree is killed).
+	Signal string `json:"signal,omitempty"`
+	// WaitMillis waits up to this long for output past the read offsets, or
+	// for the job to end. 0 does not wait.
+	WaitMillis int64 `json:"wait_ms,omitempty"`
+	// StdoutOffset and StderrOffset are where each stream's read starts, in
+	// bytes of everything the stream carried; -1 starts where the last
+	// read of that stream (or the exec's live output) ended.
+	StdoutOffset int64 `json:"stdout_offset"`
+	StderrOffset int64 `json:"stderr_offset"`
+	// Max bounds the bytes sent back, both streams together.
+	Max int64 `json:"max"`
+}
+
+// JobStatus is a job's state, the terminal body of a background exec, of a
+// JobRequest and, in a list, of a JobsRequest.
+type JobStatus struct {
+	Job   uint64 `json:"job"`
+	Label string `json:"label"`
+	State string `json:"state"` // JobRunning, JobExited or JobKilled
+	// ExitCode and Signal are as in ExecResult, once the job ended.
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	// StartedUnixMilli is when the job started.
+	StartedUnixMilli int64 `json:"started_unix_ms"`
+	// StdoutFrom and StderrFrom are the offsets where the output sent with
+	// this status begins (the request's offsets, moved up past dropped
+	// bytes).
+	StdoutFrom int64 `json:"stdout_from"`
+	StderrFrom int64 `json:"stderr_from"`
+	// StdoutBytes and StderrBytes count everything each stream carried.
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// StdoutDropped and StderrDropped count the oldest bytes no longer
+	// kept (past KeepOutput).
+	StdoutDropped int64 `json:"stdout_dropped"`
+	StderrDropped int64 `json:"stderr_dropped"`
+	// Killed counts the processes killed by a KILL signal.
+	Killed int `json:"killed,omitempty"`
+}
+
+// JobsRequest lists the jobs the agent keeps. It has no fields; the agent
+// answers with KindResult and a JobList.
+type JobsRequest struct{}
+
+// JobList holds the jobs the agent keeps, oldest first.
+type JobList struct {
+	Jobs []JobStatus `json:"jobs"`
+}
+
+// ReadRequest reads part of a regular file: a byte range (Offset, Length),
+// or, when StartLine is set, a range of lines.
 type ReadRequest struct {
 	Path   string `json:"path"`
 	Offset int64  `json:"offset"`
@@ -85,12 +172,26 @@ type ReadRequest struct {
 	Length int64 `json:"length"`
 	// Max caps the bytes sent back.
 	Max int64 `json:"max"`
+	// StartLine, if not 0, asks for lines StartLine to EndLine (1-based,
+	// inclusive; EndLine 0 means to the end of the file) instead of a byte
+	// range; Offset and Length must then be 0. Lines end with "\n".
+	StartLine int64 `json:"start_line,omitempty"`
+	EndLine   int64 `json:"end_line,omitempty"`
 }
 
 // ReadResult ends a read. The content came in the data frames before it.
 type ReadResult struct {
 	Size      int64 `json:"size"` // size of the whole file
 	Truncated bool  `json:"truncated"`
+	// Offset is the byte of the file the content starts at (a line read's
+	// first line; a byte read's Offset).
+	Offset int64 `json:"offset,omitempty"`
+	// For a line read: the first and the last line in the content (the
+	// last may be cut, when Max stopped inside it), and the number of lines
+	// in the file.
+	StartLine  int64 `json:"start_line,omitempty"`
+	EndLine    int64 `json:"end_line,omitempty"`
+	TotalLines int64 `json:"total_lines,omitempty"`
 }
 
 // WriteRequest writes a regular file from the data frames that follow.
@@ -106,6 +207,52 @@ type WriteRequest struct {
 type WriteResult struct {
 	Written int64 `json:"written"`
 	Size    int64 `json:"size"` // size of the file afterwards
+}
+
+// EditRequest replaces text in a regular file. The data frames that follow
+// carry OldSize bytes of the text to find, then NewSize bytes of its
+// replacement, then eof.
+type EditRequest struct {
+	Path       string `json:"path"`
+	OldSize    int64  `json:"old_size"`
+	NewSize    int64  `json:"new_size"`
+	ReplaceAll bool   `json:"replace_all"`
+	// MaxFile is the largest file the edit reads or leaves behind.
+	MaxFile int64 `json:"max_file"`
+}
+
+// EditResult ends an edit.
+type EditResult struct {
+	Replacements int   `json:"replacements"`
+	Size         int64 `json:"size"`    // size of the file afterwards
+	Created      bool  `json:"created"` // the file did not exist (empty old text)
+}
+
+// DeleteRequest removes a file, a symlink (not its target) or a directory.
+type DeleteRequest struct {
+	Path string `json:"path"`
+	// Recursive is needed to remove a directory that is not empty.
+	Recursive bool `json:"recursive"`
+}
+
+// DeleteResult ends a delete.
+type DeleteResult struct {
+	Deleted int64  `json:"deleted"` // entries removed, the path itself included
+	Type    string `json:"type"`    // what the path was: file, dir, symlink or other
+}
+
+// MoveRequest renames From to To inside the workspace.
+type MoveRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+	// Overwrite lets the move replace an existing To.
+	Overwrite bool `json:"overwrite"`
+}
+
+// MoveResult ends a move.
+type MoveResult struct {
+	To   string `json:"to"`   // the destination, normalised (a To ending in "/" gets From's name)
+	Type string `json:"type"` // what was moved: file, dir, symlink or other
 }
 
 // ListRequest lists a directory.

@@ -251,3 +251,39 @@ func CheckRange(offset, length int64) Decision {
 	}
 	return Allowed
 }
+
+// CheckLines validates sandbox_read_file's start_line and end_line and
+// reports whether the read is by lines: lines are 1-based, end_line is not
+// before start_line, and a line read takes no offset or length.
+func CheckLines(offset, length, startLine, endLine int64) (bool, Decision) {
+	switch {
+	case startLine == 0 && endLine == 0:
+		return false, Allowed
+	case startLine < 0 || endLine < 0:
+		return false, Deny(errcode.InvalidArgument, "start_line and end_line are 1-based line numbers and must not be negative")
+	case offset != 0 || length != 0:
+		return false, Deny(errcode.InvalidArgument, "give either offset and length (bytes) or start_line and end_line (lines), not both")
+	case endLine != 0 && endLine < max(startLine, 1):
+		return false, Deny(errcode.InvalidArgument, "end_line %d is before start_line %d; give an end_line of at least start_line, or leave it out to read to the end", endLine, max(startLine, 1))
+	}
+	return true, Allowed
+}
+
+// CheckEdit decides whether sandbox_edit_file's strings may be sent: each
+// at most the file cap (the file before and after is held to it too, where
+// the file is).
+func (p Policy) CheckEdit(oldLen, newLen int) Decision {
+	if n := max(oldLen, newLen); int64(n) > p.MaxFileBytes {
+		return Deny(errcode.TooLarge, "old_string or new_string is %d bytes; this server edits files of at most %d bytes (--max-file-bytes); make the change in smaller steps", n, p.MaxFileBytes)
+	}
+	return Allowed
+}
+
+// CheckRenamable decides whether a workspace path (as WorkspacePath gives
+// it) may be deleted or moved: anything but the workspace root.
+func CheckRenamable(rel string) Decision {
+	if path.Clean(rel) == "." {
+		return Deny(errcode.InvalidArgument, "%q names the workspace root, which cannot be deleted or moved; name a file or directory inside it", rel)
+	}
+	return Allowed
+}

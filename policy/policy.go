@@ -72,14 +72,15 @@ const (
 // Defaults (SPEC §3).
 const (
 	DefaultMaxFileBytes      = 8 << 20
-	DefaultMaxOutputBytes    = 1 << 20
+	DefaultMaxOutputBytes    = 32 << 10
+	DefaultMaxJobOutputBytes = 1 << 20
 	DefaultMaxWorkspaceBytes = 512 << 20
 	DefaultExecTimeout       = 60 * time.Second
 	DefaultMaxExecTimeout    = 10 * time.Minute
 	DefaultMemory            = 1 << 30
 	DefaultCPUs              = 1.0
 	DefaultPids              = 256
-	DefaultMaxExecs          = 4
+	DefaultMaxExecs          = 8
 	DefaultListEntries       = 1000
 	// DefaultMaxInflightBytes and DefaultMaxSessionInflightBytes bound the
 	// memory the server holds for tool calls in flight (see cost.go).
@@ -98,17 +99,23 @@ type Policy struct {
 	AllowCmds []string `json:"allow_cmd,omitempty"`
 	// ReadOnly mounts the workspace read-only: no tool, exec included, can
 	// change it.
-	ReadOnly          bool          `json:"read_only"`
-	MaxFileBytes      int64         `json:"max_file_bytes"`
-	MaxOutputBytes    int64         `json:"max_output_bytes"`
+	ReadOnly     bool  `json:"read_only"`
+	MaxFileBytes int64 `json:"max_file_bytes"`
+	// MaxOutputBytes caps the output one result carries, both streams
+	// together (see OutputShares).
+	MaxOutputBytes int64 `json:"max_output_bytes"`
+	// MaxJobOutputBytes is the output kept per stream per job, for later
+	// reads with sandbox_job.
+	MaxJobOutputBytes int64         `json:"max_job_output_bytes"`
 	MaxWorkspaceBytes int64         `json:"max_workspace_bytes"`
 	ExecTimeout       time.Duration `json:"-"`
 	MaxExecTimeout    time.Duration `json:"-"`
 	Memory            int64         `json:"memory_bytes"`
 	CPUs              float64       `json:"cpus"`
 	Pids              int64         `json:"pids"`
-	// MaxExecs is the number of commands one sandbox may run at once.
-	MaxExecs             int         `json:"max_concurrent_execs"`
+	// MaxExecs is --max-jobs: the number of jobs (foreground and
+	// background commands) one sandbox may run at once.
+	MaxExecs             int         `json:"max_jobs"`
 	Network              NetworkMode `json:"network"`
 	AllowHosts           []string    `json:"allow_host,omitempty"`
 	AllowPrivateNetworks bool        `json:"allow_private_networks"`
@@ -128,6 +135,7 @@ func Default() Policy {
 		Exec:              ExecAllow,
 		MaxFileBytes:      DefaultMaxFileBytes,
 		MaxOutputBytes:    DefaultMaxOutputBytes,
+		MaxJobOutputBytes: DefaultMaxJobOutputBytes,
 		MaxWorkspaceBytes: DefaultMaxWorkspaceBytes,
 		ExecTimeout:       DefaultExecTimeout,
 		MaxExecTimeout:    DefaultMaxExecTimeout,
@@ -168,8 +176,13 @@ func (p Policy) Validate() error {
 	if p.MaxFileBytes <= 0 {
 		bad("--max-file-bytes must be positive")
 	}
-	if p.MaxOutputBytes <= 0 {
-		bad("--max-output-bytes must be positive")
+	if p.MaxOutputBytes < 1<<10 {
+		bad("--max-output-bytes must be at least 1 KiB")
+	}
+	if p.MaxJobOutputBytes < p.MaxOutputBytes {
+		bad("--max-job-output-bytes (%d) is below --max-output-bytes (%d): a job must keep at least what one result shows", p.MaxJobOutputBytes, p.MaxOutputBytes)
+	} else if p.MaxJobOutputBytes > 64<<20 {
+		bad("--max-job-output-bytes must be at most 64 MiB (it is kept per stream, per job, in the sandbox's memory)")
 	}
 	if p.MaxWorkspaceBytes < 1<<20 {
 		bad("--max-workspace-bytes must be at least 1 MiB")
@@ -191,8 +204,8 @@ func (p Policy) Validate() error {
 	if p.Pids < 16 {
 		bad("--pids must be at least 16")
 	}
-	if p.MaxExecs < 1 {
-		bad("--max-execs must be at least 1")
+	if p.MaxExecs < 1 || p.MaxExecs > 256 {
+		bad("--max-jobs must be between 1 and 256")
 	}
 	if err := p.validateInflight(); err != nil {
 		errs = append(errs, err)

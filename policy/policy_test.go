@@ -14,7 +14,7 @@ func TestDefaultIsValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := Default()
-	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 1<<20 || p.MaxWorkspaceBytes != 512<<20 ||
+	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 32<<10 || p.MaxWorkspaceBytes != 512<<20 ||
 		p.ExecTimeout != time.Minute || p.MaxExecTimeout != 10*time.Minute || p.Memory != 1<<30 || p.CPUs != 1 || p.Pids != 256 || p.Network != NetworkNone {
 		t.Fatalf("defaults differ from SPEC §3: %+v", p)
 	}
@@ -37,7 +37,8 @@ func TestValidate(t *testing.T) {
 		{"tiny memory", func(p *Policy) { p.Memory = 1 << 20 }, "--memory"},
 		{"no cpus", func(p *Policy) { p.CPUs = 0 }, "--cpus"},
 		{"few pids", func(p *Policy) { p.Pids = 3 }, "--pids"},
-		{"no execs", func(p *Policy) { p.MaxExecs = 0 }, "--max-execs"},
+		{"no jobs", func(p *Policy) { p.MaxExecs = 0 }, "--max-jobs"},
+		{"job output below the result cap", func(p *Policy) { p.MaxJobOutputBytes = 1 << 10 }, "--max-job-output-bytes"},
 		{"hosts without network", func(p *Policy) { p.AllowHosts = []string{"example.com"} }, "--network=allowlist"},
 		{"unknown network", func(p *Policy) { p.Network = "bridge" }, "use none or allowlist"},
 	} {
@@ -325,5 +326,49 @@ func TestArgvAndEnvSizes(t *testing.T) {
 	// A reason never quotes a caller's huge name whole.
 	if _, d := CheckEnv(map[string]string{strings.Repeat("-", 100000): ""}); d.Allow || len(d.Reason) > 200 {
 		t.Fatalf("a huge bad name: %d bytes of reason", len(d.Reason))
+	}
+}
+
+func TestCheckLines(t *testing.T) {
+	cases := []struct {
+		off, length, start, end int64
+		lines                   bool
+		code                    errcode.Code
+	}{
+		{0, 0, 0, 0, false, ""},
+		{5, 10, 0, 0, false, ""},
+		{0, 0, 1, 0, true, ""},
+		{0, 0, 0, 7, true, ""}, // end alone: from line 1
+		{0, 0, 3, 3, true, ""},
+		{0, 0, 3, 2, false, errcode.InvalidArgument},
+		{0, 0, -1, 0, false, errcode.InvalidArgument},
+		{4, 0, 1, 0, false, errcode.InvalidArgument},
+		{0, 4, 1, 2, false, errcode.InvalidArgument},
+	}
+	for _, tc := range cases {
+		lines, d := CheckLines(tc.off, tc.length, tc.start, tc.end)
+		if lines != tc.lines || d.Code != tc.code || d.Allow != (tc.code == "") {
+			t.Errorf("CheckLines(%d, %d, %d, %d) = %v, %+v", tc.off, tc.length, tc.start, tc.end, lines, d)
+		}
+	}
+}
+
+func TestCheckRenamableAndEdit(t *testing.T) {
+	for _, root := range []string{".", "a/..", "./"} {
+		if d := CheckRenamable(root); d.Allow || d.Code != errcode.InvalidArgument {
+			t.Errorf("CheckRenamable(%q) = %+v", root, d)
+		}
+	}
+	for _, ok := range []string{"a", "a/b/", "a/../b"} {
+		if d := CheckRenamable(ok); !d.Allow {
+			t.Errorf("CheckRenamable(%q) = %+v", ok, d)
+		}
+	}
+	p := Default()
+	if d := p.CheckEdit(int(p.MaxFileBytes), 0); !d.Allow {
+		t.Errorf("an old_string of the cap is refused: %+v", d)
+	}
+	if d := p.CheckEdit(0, int(p.MaxFileBytes)+1); d.Allow || d.Code != errcode.TooLarge {
+		t.Errorf("a new_string past the cap: %+v", d)
 	}
 }

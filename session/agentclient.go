@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -24,21 +25,43 @@ type ExecRequest struct {
 	Cwd     string   // workspace-relative
 	Env     []string // NAME=VALUE, on top of the sandbox's environment
 	Stdin   []byte   // nil for no input
-	// Timeout kills the command and everything it started.
+	// Timeout kills the command and everything it started. 0 means none
+	// (for a background job: it runs until it ends or is signalled).
 	Timeout time.Duration
-	// MaxOutput is the number of bytes kept per stream.
+	// MaxOutput is the output the result carries, both streams together:
+	// a longer stream keeps its head and tail (see policy.OutputShares and
+	// policy.HeadTail), and the rest stays readable through its job.
 	MaxOutput int64
+	// Background returns as soon as the command started; its output is
+	// read with Sandbox.Job.
+	Background bool
+	// Label is how the job is listed (the command as the model wrote it).
+	Label string
 	// OnOutput, if set, sees output as it arrives (for progress). It must
 	// not block.
 	OnOutput func(stream string, p []byte)
+
+	job jobOpts // set by Sandbox.Exec
 }
 
-// ExecResult is what a command did.
+// ExecResult is what a command did. Stdout and Stderr hold a stream whole,
+// or, when it was longer than its share of MaxOutput, its head; the tail
+// then follows the Omitted bytes left out.
 type ExecResult struct {
+	// Job is the command's job id, for Sandbox.Job.
+	Job string
+	// Running is true for a background job (nothing else is set).
+	Running         bool
 	ExitCode        int
 	Signal          string
 	Stdout, Stderr  []byte
-	StdoutTruncated bool
+	StdoutTail      []byte
+	StderrTail      []byte
+	StdoutOmitted   int64 // bytes left out between Stdout and StdoutTail
+	StderrOmitted   int64
+	StdoutBytes     int64 // everything the stream carried
+	StderrBytes     int64
+	StdoutTruncated bool // something was left out
 	StderrTruncated bool
 	TimedOut        bool
 	Cancelled       bool
@@ -57,16 +80,29 @@ const (
 	bulkTimeout = 10 * time.Minute
 )
 
+// jobOpts are what a sandbox's policy says of jobs.
+type jobOpts struct {
+	id         uint64 // 0: run without a job
+	keepOutput int64  // bytes per stream the agent keeps
+	maxJobs    int
+}
+
 func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	var res ExecResult
+	jo := req.job
+	c.noteJob(jo.id)
 	p, err := c.open(agentproto.KindExec, agentproto.ExecRequest{
 		Path: req.Program, Argv: req.Argv, Cwd: req.Cwd, Env: req.Env,
 		TimeoutMillis: req.Timeout.Milliseconds(), MaxOutput: req.MaxOutput, Stdin: req.Stdin != nil,
+		Job: jo.id, Label: req.Label, Background: req.Background, KeepOutput: jo.keepOutput, MaxJobs: jo.maxJobs,
 	})
 	if err != nil {
 		return res, unavailable(err)
 	}
 	defer c.close(p)
+	if jo.id != 0 {
+		res.Job = strconv.FormatUint(jo.id, 10)
+	}
 	if req.Stdin != nil {
 		if err := c.sendData(p, req.Stdin); err != nil {
 			return res, unavailable(err)
@@ -76,6 +112,9 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	// agent that does not.
 	deadline := time.NewTimer(req.Timeout + execGrace)
 	defer deadline.Stop()
+	if req.Timeout == 0 {
+		deadline.Stop()
+	}
 	var stdout, stderr bytes.Buffer
 	cancelled := false
 	var cancelTimer <-chan time.Time
@@ -107,9 +146,9 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			if f.Kind == agentproto.KindStderr {
 				buf, name = &stderr, "stderr"
 			}
-			// The agent sends at most MaxOutput bytes per stream and drops
-			// the rest itself.
-			if int64(buf.Len()+len(f.Payload)) > req.MaxOutput {
+			// The agent sends at most MaxOutput bytes per stream and keeps
+			// the rest itself; a background job sends none.
+			if int64(buf.Len()+len(f.Payload)) > req.MaxOutput || req.Background {
 				c.fail(fmt.Errorf("%w: more than the %d bytes of %s asked for", errProtocol, req.MaxOutput, name))
 				return res, unavailable(c.err())
 			}
@@ -117,29 +156,39 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			if req.OnOutput != nil && len(f.Payload) > 0 {
 				req.OnOutput(name, f.Payload)
 			}
-		case agentproto.KindExit:
-			var r agentproto.ExecResult
-			if err := f.Decode(&r); err != nil {
-				c.fail(fmt.Errorf("%w: %v", errProtocol, err))
+		case agentproto.KindResult:
+			// A background job started.
+			var st agentproto.JobStatus
+			if err := f.Decode(&st); err != nil || !req.Background || !validStatus(st, jo.id) {
+				c.fail(fmt.Errorf("%w: a %q frame in answer to exec that is not a background job's status", errProtocol, f.Kind))
 				return res, unavailable(c.err())
 			}
-			res = ExecResult{
-				ExitCode:        r.ExitCode,
-				Signal:          r.Signal,
-				Stdout:          stdout.Bytes(),
-				Stderr:          stderr.Bytes(),
-				StdoutTruncated: r.StdoutBytes > int64(stdout.Len()),
-				StderrTruncated: r.StderrBytes > int64(stderr.Len()),
-				TimedOut:        r.TimedOut,
-				Cancelled:       r.Cancelled || cancelled,
-				Killed:          r.Killed,
-				Duration:        max(r.Duration(), 0),
+			res.Running = st.State == agentproto.JobRunning
+			res.ExitCode = st.ExitCode
+			return res, nil
+		case agentproto.KindExit:
+			var r agentproto.ExecResult
+			if err := f.Decode(&r); err != nil || req.Background {
+				c.fail(fmt.Errorf("%w: exit frame: %v", errProtocol, err))
+				return res, unavailable(c.err())
 			}
+			if r.StdoutBytes < int64(stdout.Len()) || r.StderrBytes < int64(stderr.Len()) {
+				c.fail(fmt.Errorf("%w: the exit frame counts less output than was sent", errProtocol))
+				return res, unavailable(c.err())
+			}
+			res.ExitCode, res.Signal = r.ExitCode, r.Signal
+			res.TimedOut, res.Cancelled = r.TimedOut, r.Cancelled || cancelled
+			res.Killed, res.Duration = r.Killed, max(r.Duration(), 0)
+			res.StdoutBytes, res.StderrBytes = r.StdoutBytes, r.StderrBytes
 			if len(res.Signal) > 16 {
 				res.Signal = res.Signal[:16]
 			}
 			if cancelled {
 				return res, context.Cause(ctx)
+			}
+			c.close(p)
+			if err := c.fit(ctx, &res, jo.id, req.MaxOutput, stdout.Bytes(), stderr.Bytes()); err != nil {
+				return res, err
 			}
 			return res, nil
 		case agentproto.KindError:
@@ -151,11 +200,86 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	}
 }
 
+// fit cuts a foreground exec's output to the result's cap: each stream
+// longer than its share keeps its head (from the live output) and its tail
+// (from the live output, or read back from the job).
+func (c *conn) fit(ctx context.Context, res *ExecResult, job uint64, limit int64, live0, live1 []byte) error {
+	shares := [2]int64{}
+	shares[0], shares[1] = policy.OutputShares(limit, res.StdoutBytes, res.StderrBytes)
+	totals := [2]int64{res.StdoutBytes, res.StderrBytes}
+	live := [2][]byte{live0, live1}
+	var heads, tails [2][]byte
+	var omitted [2]int64
+	for i := range live {
+		if totals[i] <= shares[i] {
+			heads[i] = live[i]
+			continue
+		}
+		h, tl := policy.HeadTail(shares[i])
+		heads[i] = trimRuneEnd(live[i][:min(h, int64(len(live[i])))])
+		from := totals[i] - tl
+		switch {
+		case totals[i] <= int64(len(live[i])):
+			tails[i] = live[i][from:totals[i]]
+		case job != 0:
+			off := [2]int64{1 << 62, 1 << 62}
+			off[i] = from
+			jr, err := c.job(ctx, agentproto.JobRequest{Job: job, StdoutOffset: off[0], StderrOffset: off[1], Max: tl})
+			if err != nil {
+				return err
+			}
+			tails[i] = jr.Out[i]
+			from = jr.From[i]
+		}
+		skip := leadingContinuation(tails[i])
+		tails[i] = tails[i][skip:]
+		from += int64(skip)
+		omitted[i] = max(from-int64(len(heads[i])), 0)
+		if len(tails[i]) == 0 {
+			omitted[i] = totals[i] - int64(len(heads[i]))
+		}
+	}
+	res.Stdout, res.Stderr = heads[0], heads[1]
+	res.StdoutTail, res.StderrTail = tails[0], tails[1]
+	res.StdoutOmitted, res.StderrOmitted = omitted[0], omitted[1]
+	res.StdoutTruncated = res.StdoutOmitted > 0
+	res.StderrTruncated = res.StderrOmitted > 0
+	return nil
+}
+
+// trimRuneEnd drops a UTF-8 sequence cut short at the end of b.
+func trimRuneEnd(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
+}
+
+// leadingContinuation counts the bytes at the start of b that continue a
+// UTF-8 sequence begun before it (at most three).
+func leadingContinuation(b []byte) int {
+	n := 0
+	for n < len(b) && n < utf8.UTFMax-1 && !utf8.RuneStart(b[n]) {
+		n++
+	}
+	return n
+}
+
 // ReadResult is part of a file.
 type ReadResult struct {
 	Data      []byte
 	Size      int64
 	Truncated bool
+	// Offset is the byte of the file Data starts at.
+	Offset int64
+	// For a line read (ReadLines): the first and last line in Data (the
+	// last may be cut short when Truncated) and the lines in the file.
+	StartLine, EndLine, TotalLines int64
 }
 
 // readFile reads up to maxBytes of a file (and no more than length, when
@@ -164,14 +288,18 @@ type ReadResult struct {
 // read may return; so a small read does not allocate the cap, and a large
 // one is not copied again and again as a doubling buffer would be.
 func (c *conn) readFile(ctx context.Context, path string, offset, length, maxBytes int64) (ReadResult, error) {
+	return c.read(ctx, agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes})
+}
+
+// read is readFile for any read request, a byte range or lines.
+func (c *conn) read(ctx context.Context, req agentproto.ReadRequest) (ReadResult, error) {
 	var res ReadResult
-	limit := maxBytes
-	if length > 0 && length < limit {
-		limit = length
+	limit := req.Max
+	if req.Length > 0 && req.Length < limit {
+		limit = req.Length
 	}
 	buf := make([]byte, 0, min(limit, agentproto.ChunkSize))
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead,
-		agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes}, nil,
+	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead, req, nil,
 		func(p []byte) error {
 			if int64(len(buf)+len(p)) > limit {
 				return fmt.Errorf("%w: read returned more than the %d bytes asked for", errProtocol, limit)
@@ -189,7 +317,12 @@ func (c *conn) readFile(ctx context.Context, path string, offset, length, maxByt
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
-			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated}
+			if r.Offset < 0 || r.StartLine < 0 || r.EndLine < 0 || r.TotalLines < 0 || r.EndLine > r.TotalLines ||
+				(req.StartLine == 0 && r.Offset != req.Offset) {
+				return fmt.Errorf("%w: read result out of bounds: %+v", errProtocol, r)
+			}
+			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated,
+				Offset: r.Offset, StartLine: r.StartLine, EndLine: r.EndLine, TotalLines: r.TotalLines}
 			return nil
 		})
 	return res, err
@@ -402,6 +535,19 @@ func (e errLocal) Unwrap() error { return e.err }
 // timeout passes, the agent is told to cancel.
 func (c *conn) roundTrip(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
 	sendInput func(*pending) error, onData func([]byte) error, onResult func(agentproto.Frame) error) error {
+	return c.roundTripAll(ctx, timeout, kind, body, sendInput, onData, nil, onResult)
+}
+
+// roundTripStreams is roundTrip for a request answered with stdout and
+// stderr frames (stream 0 and 1) instead of data frames.
+func (c *conn) roundTripStreams(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
+	onStream func(int, []byte) error, onResult func(agentproto.Frame) error) error {
+	return c.roundTripAll(ctx, timeout, kind, body, nil, nil, onStream, onResult)
+}
+
+func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
+	sendInput func(*pending) error, onData func([]byte) error, onStream func(int, []byte) error,
+	onResult func(agentproto.Frame) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	p, err := c.open(kind, body)
@@ -436,6 +582,14 @@ func (c *conn) roundTrip(ctx context.Context, timeout time.Duration, kind agentp
 				err = fmt.Errorf("%w: data frame in answer to %s", errProtocol, kind)
 			} else {
 				err = onData(f.Payload)
+			}
+		case agentproto.KindStdout, agentproto.KindStderr:
+			if onStream == nil {
+				err = fmt.Errorf("%w: %s frame in answer to %s", errProtocol, f.Kind, kind)
+			} else if f.Kind == agentproto.KindStdout {
+				err = onStream(0, f.Payload)
+			} else {
+				err = onStream(1, f.Payload)
 			}
 		case agentproto.KindResult:
 			if err := onResult(f); err != nil {

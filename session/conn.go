@@ -36,6 +36,7 @@ type conn struct {
 	mu     sync.Mutex
 	calls  map[uint64]*pending
 	nextID uint64
+	maxJob uint64 // the highest job id sent; the agent knows no other
 
 	dead    chan struct{}
 	deadErr atomic.Pointer[error]
@@ -207,6 +208,20 @@ func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) e
 		c.fail(fmt.Errorf("writing to the agent: %w", err))
 		return err
 	}
+}
+
+// noteJob records a job id about to be sent in an exec.
+func (c *conn) noteJob(id uint64) {
+	c.mu.Lock()
+	c.maxJob = max(c.maxJob, id)
+	c.mu.Unlock()
+}
+
+// knowsJob reports whether id is a job id this server sent.
+func (c *conn) knowsJob(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return id != 0 && id <= c.maxJob
 }
 
 // open registers a request and sends its first frame.

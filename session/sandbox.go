@@ -28,7 +28,8 @@ type Sandbox struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	execs    chan struct{} // one token per command allowed to run at once
+	execs    chan struct{} // one token per foreground command allowed to run at once
+	jobSeq   atomic.Uint64 // the last job id given out
 	inflight atomic.Int64
 	lastUsed atomic.Int64 // unix nanos
 
@@ -67,7 +68,7 @@ func (s *Sandbox) begin(ctx context.Context) (context.Context, func()) {
 	s.lastUsed.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() {
-		cancel(errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed"))
+		cancel(sessionEnded())
 	})
 	return ctx, func() {
 		stop()
@@ -148,6 +149,11 @@ func (s *Sandbox) nextStart() string {
 // failed notes that a call saw the container go away, so the model is told
 // (here, with what happens next) and the next call starts afresh.
 func (s *Sandbox) failed(inst *instance, err error) error {
+	if err != nil && s.ctx.Err() != nil {
+		// The sandbox went with its session: whatever broke the call
+		// (its container removed under it), there is no next call here.
+		return sessionEnded()
+	}
 	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.err() != nil {
 		if inst.reported.Swap(true) {
 			return err
@@ -163,6 +169,13 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 	return err
 }
 
+// sessionEnded is the error of a call whose sandbox was removed with its
+// session (an HTTP DELETE, the server stopping) while it ran.
+func sessionEnded() error {
+	return errcode.Errorf(errcode.Unavailable, "the session ended while this call ran, and its sandbox was removed with every process in it; "+
+		"calling again in this session cannot help: start a new session")
+}
+
 // Exec runs a command. A command that ends by itself is a result whatever
 // its exit code; the error is for commands that could not run.
 func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
@@ -171,7 +184,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 		defer func() { <-s.execs }()
 	default:
 		return ExecResult{}, errcode.Errorf(errcode.Busy,
-			"%d commands are already running in this sandbox, the most it runs at once; wait for one to finish, or start long work in the background", cap(s.execs))
+			"%d commands are already running in this sandbox, the most it runs at once (--max-jobs); wait for one to finish (sandbox_job with wait_ms), or end one (sandbox_job with signal KILL)", cap(s.execs))
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
@@ -179,6 +192,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	if err != nil {
 		return ExecResult{}, err
 	}
+	req.job = s.jobOpts()
 	res, err := inst.conn.exec(ctx, req)
 	return res, s.failed(inst, err)
 }

@@ -108,8 +108,10 @@ func TestExecOutputCap(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)
 	ctx := context.Background()
-	// 3 MiB on each stream against a 64 KiB cap: the command runs to the end,
-	// never blocked on a full pipe, and the flags say what was dropped.
+	// 3 MiB on each stream against a 64 KiB cap for both: the command runs
+	// to the end, never blocked on a full pipe; each stream keeps a quarter
+	// of its half as head and three quarters as tail, and the counts say
+	// what was left out between.
 	res, err := sb.Exec(ctx, ExecRequest{
 		Argv: []string{"sh", "-c", "head -c 3145728 /dev/zero; head -c 3145728 /dev/zero >&2; echo done > marker"},
 		Cwd:  ".", Timeout: 30 * time.Second, MaxOutput: 64 << 10,
@@ -117,8 +119,10 @@ func TestExecOutputCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.ExitCode != 0 || len(res.Stdout) != 64<<10 || len(res.Stderr) != 64<<10 || !res.StdoutTruncated || !res.StderrTruncated {
-		t.Fatalf("got exit %d, %d/%d bytes, truncated %v/%v", res.ExitCode, len(res.Stdout), len(res.Stderr), res.StdoutTruncated, res.StderrTruncated)
+	if res.ExitCode != 0 || len(res.Stdout) != 8<<10 || len(res.StdoutTail) != 24<<10 || len(res.Stderr) != 8<<10 || len(res.StderrTail) != 24<<10 ||
+		!res.StdoutTruncated || !res.StderrTruncated || res.StdoutOmitted != 3<<20-32<<10 || res.StdoutBytes != 3<<20 {
+		t.Fatalf("got exit %d, %d+%d/%d+%d bytes, omitted %d, truncated %v/%v", res.ExitCode, len(res.Stdout), len(res.StdoutTail),
+			len(res.Stderr), len(res.StderrTail), res.StdoutOmitted, res.StdoutTruncated, res.StderrTruncated)
 	}
 	if res := run(t, sb, "cat", "marker"); string(res.Stdout) != "done\n" {
 		t.Fatalf("the command did not run to its end: %q", res.Stdout)
@@ -129,11 +133,11 @@ func TestExecOutputCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.TimedOut || !res.StdoutTruncated || len(res.Stdout) != 1<<20 || time.Since(start) > 10*time.Second {
-		t.Fatalf("yes: timed_out %v truncated %v len %d after %s", res.TimedOut, res.StdoutTruncated, len(res.Stdout), time.Since(start))
+	if !res.TimedOut || !res.StdoutTruncated || len(res.Stdout)+len(res.StdoutTail) != 1<<20 || time.Since(start) > 10*time.Second {
+		t.Fatalf("yes: timed_out %v truncated %v len %d+%d after %s", res.TimedOut, res.StdoutTruncated, len(res.Stdout), len(res.StdoutTail), time.Since(start))
 	}
 	res, err = sb.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "yes >&2"}, Cwd: ".", Timeout: time.Second, MaxOutput: 1 << 20})
-	if err != nil || !res.TimedOut || !res.StderrTruncated || len(res.Stderr) != 1<<20 {
+	if err != nil || !res.TimedOut || !res.StderrTruncated || len(res.Stderr)+len(res.StderrTail) != 1<<20 || string(res.StderrTail[:2]) != "y\n" {
 		t.Fatalf("yes >&2: %v timed_out %v truncated %v len %d", err, res.TimedOut, res.StderrTruncated, len(res.Stderr))
 	}
 }
@@ -383,5 +387,35 @@ func TestMaxSandboxes(t *testing.T) {
 	m.Release("a")
 	if _, err := m.Sandbox("c", ""); err != nil {
 		t.Fatalf("after a release: %v", err)
+	}
+}
+
+// TestReleaseSoonTellsCallsTheSessionEnded: a call in flight when its
+// session ends (an HTTP DELETE) is told the session ended, not to call
+// again: there is no next call in that session.
+func TestReleaseSoonTellsCallsTheSessionEnded(t *testing.T) {
+	for round := range 3 {
+		m := testManager(t, nil)
+		sb := newSandbox(t, m)
+		run(t, sb, "true")
+		done := make(chan error, 1)
+		go func() {
+			_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sleep", "60"}, Cwd: ".", Timeout: time.Minute, MaxOutput: 1024})
+			done <- err
+		}()
+		for !strings.Contains(string(sh(t, sb, "ps -o args | grep '[s]leep 60' || true").Stdout), "sleep 60") {
+			time.Sleep(20 * time.Millisecond)
+		}
+		m.ReleaseSoon(t.Name())
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the call in flight did not end")
+		}
+		wantCode(t, err, errcode.Unavailable)
+		if msg := err.Error(); !strings.Contains(msg, "the session ended") || strings.Contains(msg, "Call again") {
+			t.Fatalf("round %d: the call in flight was told %q", round, msg)
+		}
 	}
 }

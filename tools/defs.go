@@ -28,8 +28,13 @@ func All(d *Deps) []Tool {
 	}
 	return []Tool{
 		tool(execDef(d.Policy), wrap(d, NameExec, d.exec)),
+		tool(jobDef(d.Policy), wrap(d, NameJob, d.job)),
 		tool(readDef(), wrap(d, NameReadFile, d.readFile)),
 		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.writeFile)),
+		tool(editDef(d.Policy), wrap(d, NameEditFile, d.editFile)),
+		tool(deleteDef(d.Policy), wrap(d, NameDelete, d.deletePath)),
+		tool(moveDef(d.Policy), wrap(d, NameMove, d.move)),
+		tool(viewImageDef(), wrap(d, NameViewImage, d.viewImage)),
 		tool(listDef(), wrap(d, NameList, d.list)),
 		tool(snapshotDef(), wrap(d, NameSnapshot, d.snapshot)),
 		tool(restoreDef(), wrap(d, NameRestore, d.restore)),
@@ -53,11 +58,11 @@ func Register(s *mcp.Server, d *Deps) {
 func ptr[T any](v T) *T { return &v }
 
 func execDef(p policy.Policy) *mcp.Tool {
-	desc := "Run a program in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
-		"argv is the program and its arguments, not a shell line: use [\"bash\", \"-c\", \"...\"] for pipes and redirection. " +
-		"The working directory is /workspace (or cwd, relative to it); files persist between calls for the session's life. " +
-		"A non-zero exit code is a normal result. A command that runs past timeout_ms is killed with every process it started and returns its partial output with timed_out set. " +
-		"Output beyond the cap is dropped (stdout_truncated / stderr_truncated)."
+	desc := "Run a command in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
+		"Give argv (a program and its arguments, no shell) or command (a shell line). " +
+		"The working directory is /workspace (or cwd, relative to it); files persist between calls, the shell's cd and variables do not. " +
+		"A non-zero exit code is a normal result. Past timeout_ms the command is killed with every process it started. " +
+		"Long output keeps its head and tail; the rest is read with sandbox_job. background: true returns at once (servers, watchers, long builds)."
 	switch p.Exec {
 	case policy.ExecAllowlist:
 		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."
@@ -84,10 +89,10 @@ func readDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameReadFile,
 		Title: "Read a file from the sandbox",
-		Description: "Read a file from the sandbox's workspace (/workspace). Paths are relative to /workspace. " +
-			"Text comes back as utf-8, other bytes as base64 (see encoding). Large files: read a range with offset and length; truncated says the cap cut the read. " +
-			"PNG, JPEG, GIF and WebP files also come back as an image you can look at.",
-		InputSchema:  inputSchema[ReadIn](nil),
+		Description: "Use it to read a file rather than cat in sandbox_exec. " +
+			"Text comes back as utf-8, other bytes as base64. Read part of a large file by lines (start_line, end_line) or bytes (offset, length); next_offset and hint say where more follows. " +
+			"An image gives its media_type only: look at it with sandbox_view_image.",
+		InputSchema:  inputSchema[ReadIn](readSchemaEdit),
 		OutputSchema: outputSchema[ReadOut](),
 		Annotations: &mcp.ToolAnnotations{
 			Title:         "Read a file from the sandbox",
@@ -98,8 +103,8 @@ func readDef() *mcp.Tool {
 }
 
 func writeDef(p policy.Policy) *mcp.Tool {
-	desc := "Write a file in the sandbox's workspace (/workspace), creating missing directories. " +
-		"content is utf-8 text, or base64 with encoding \"base64\". The write replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is an octal string such as \"0755\"."
+	desc := "Use it to create or replace a file rather than echo or a heredoc in sandbox_exec; missing directories are made. " +
+		"content is utf-8 text, or base64 with encoding \"base64\". It replaces the file whole (a symlink at the path is replaced, not followed), or appends with append=true. mode is octal, such as \"0755\"."
 	if p.ReadOnly {
 		desc += " This server's workspace is read-only: every write is refused."
 	}
@@ -123,8 +128,8 @@ func listDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameList,
 		Title: "List files in the sandbox",
-		Description: "List a directory of the sandbox's workspace (/workspace), or everything under it with recursive=true. " +
-			"Entry paths are relative to /workspace. Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
+		Description: "Use it to list a directory, or all under it with recursive=true, rather than ls or find in sandbox_exec. " +
+			"Symlinks are listed, never followed. At most max_entries entries (default 1000); truncated says there were more.",
 		InputSchema:  inputSchema[ListIn](listSchemaEdit),
 		OutputSchema: outputSchema[ListOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -139,8 +144,8 @@ func snapshotDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameSnapshot,
 		Title: "Snapshot the sandbox's workspace",
-		Description: "Save the whole workspace (/workspace) as a tar archive on the server. The snapshot outlives the session; " +
-			"it is readable as the MCP resource at uri. It keeps files only, not running processes.",
+		Description: "Use it when the workspace must outlive this session or you may want to roll back: nothing made with sandbox_exec lasts past the session. " +
+			"It saves the whole workspace as a tar archive on the server, readable as the MCP resource at uri; files only, not processes.",
 		InputSchema:  inputSchema[SnapshotIn](nil),
 		OutputSchema: outputSchema[SnapshotOut](),
 		Annotations: &mcp.ToolAnnotations{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -17,39 +16,53 @@ import (
 
 // ExecIn is sandbox_exec's input.
 type ExecIn struct {
-	Argv      []string          `json:"argv" jsonschema:"The program and its arguments. argv[0] is looked up on the sandbox's PATH, or is a path relative to cwd. No shell is involved unless you run one. At most 64 KiB in all: pass larger input on stdin or in a file."`
-	Cwd       string            `json:"cwd,omitempty" jsonschema:"Working directory, relative to /workspace. Default: the workspace root."`
-	Env       map[string]string `json:"env,omitempty" jsonschema:"Extra environment variables for the command, at most 64 KiB in all."`
-	Stdin     string            `json:"stdin,omitempty" jsonschema:"Text fed to the command's standard input. Default: empty."`
-	TimeoutMS int64             `json:"timeout_ms,omitempty" jsonschema:"Kill the command (and everything it started) after this many milliseconds."`
-	Sandbox   string            `json:"sandbox,omitempty" jsonschema:"Sandbox id to run in. Default: this session's sandbox."`
+	Argv       []string          `json:"argv,omitempty" jsonschema:"The program and its arguments, one item each (no shell): [\"ls\", \"-la\"]. Give argv or command."`
+	Command    string            `json:"command,omitempty" jsonschema:"A shell line run by bash -c (sh -c where the image has no bash): pipes, &&, redirection. Give argv or command."`
+	Cwd        string            `json:"cwd,omitempty" jsonschema:"Working directory, relative to /workspace. Default: the workspace root."`
+	Env        map[string]string `json:"env,omitempty" jsonschema:"Extra environment variables for the command, at most 64 KiB in all."`
+	Stdin      string            `json:"stdin,omitempty" jsonschema:"Text fed to the command's standard input. Default: empty."`
+	TimeoutMS  int64             `json:"timeout_ms,omitempty" jsonschema:"Kill the command (and everything it started) after this many milliseconds."`
+	Background bool              `json:"background,omitempty" jsonschema:"Return at once with the job id; read its output, wait, send stdin or a signal with sandbox_job. For servers, watchers, long builds."`
+	Sandbox    string            `json:"sandbox,omitempty" jsonschema:"Sandbox id to run in. Default: this session's sandbox."`
 }
 
 // ExecOut is sandbox_exec's output.
 type ExecOut struct {
 	Sandbox         string `json:"sandbox" jsonschema:"The sandbox the command ran in."`
+	Job             string `json:"job" jsonschema:"The command's job id: pass it to sandbox_job to read the output kept, or to wait for, feed or signal a background job."`
+	Running         bool   `json:"running,omitempty" jsonschema:"True when the job runs in the background."`
 	ExitCode        int    `json:"exit_code" jsonschema:"The command's exit code; 128+N when a signal N ended it."`
-	Stdout          string `json:"stdout" jsonschema:"Standard output, up to the cap. Bytes that are not UTF-8 are replaced with U+FFFD."`
-	Stderr          string `json:"stderr" jsonschema:"Standard error, up to the cap. Bytes that are not UTF-8 are replaced with U+FFFD."`
-	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"True when stdout was longer than the cap and the rest was dropped."`
-	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when stderr was longer than the cap and the rest was dropped."`
+	Stdout          string `json:"stdout" jsonschema:"Standard output; a long one keeps its head and tail with a line saying what was left out. Bytes that are not UTF-8 are replaced with U+FFFD."`
+	Stderr          string `json:"stderr" jsonschema:"Standard error, like stdout."`
+	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"True when part of stdout was left out (hint says how to read it)."`
+	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when part of stderr was left out (hint says how to read it)."`
 	TimedOut        bool   `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
 	DurationMS      int64  `json:"duration_ms" jsonschema:"How long the command ran, in milliseconds."`
+	Hint            string `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
 }
+
+// maxLabel bounds a job's label (the command as listed).
+const maxLabel = 200
 
 func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
 	var out ExecOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
 	p := d.Policy
 	if dec := p.CanExec(); !dec.Allow {
 		return nil, out, dec.Err()
 	}
-	if dec := policy.CheckArgv(in.Argv); !dec.Allow {
+	if dec := policy.CheckCommand(in.Argv, in.Command); !dec.Allow {
 		return nil, out, dec.Err()
+	}
+	mistake := ""
+	if in.Command == "" {
+		m, refuse := policy.ArgvMistake(in.Argv)
+		if refuse {
+			return nil, out, errcode.Errorf(errcode.InvalidArgument, "%s", m)
+		}
+		mistake = m
+		if dec := policy.CheckArgv(in.Argv); !dec.Allow {
+			return nil, out, dec.Err()
+		}
 	}
 	env, dec := policy.CheckEnv(in.Env)
 	if !dec.Allow {
@@ -63,8 +76,42 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	if !dec.Allow {
 		return nil, out, dec.Err()
 	}
+	if in.Background && in.TimeoutMS == 0 {
+		timeout = 0 // a background job runs until it ends or is signalled
+	}
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
+
+	argv, label := in.Argv, strings.Join(in.Argv, " ")
 	program := ""
-	if p.NeedsResolve() {
+	if in.Command != "" {
+		label = in.Command
+		// The image's bash, else its sh, runs the line.
+		shells, err := sb.Resolve(ctx, policy.Shells, ".")
+		if err != nil {
+			return nil, out, err
+		}
+		shell, resolved := policy.Shells[0], ""
+		for i, r := range shells {
+			if r != "" {
+				shell, resolved = policy.Shells[i], r
+				break
+			}
+		}
+		var allowed map[string]string
+		if p.NeedsResolve() {
+			if allowed, err = sb.AllowedPrograms(ctx); err != nil {
+				return nil, out, err
+			}
+		}
+		if dec := p.CheckShell(shell, resolved, allowed); !dec.Allow {
+			return nil, out, dec.Err()
+		}
+		argv, program = []string{shell, "-c", in.Command}, resolved
+	} else if p.NeedsResolve() {
 		resolved, err := sb.Resolve(ctx, in.Argv[:1], cwd)
 		if err != nil {
 			return nil, out, err
@@ -78,123 +125,112 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 		}
 		program = resolved[0]
 	}
+	if len(label) > maxLabel {
+		cut := maxLabel
+		for cut > 0 && !utf8.RuneStart(label[cut]) {
+			cut--
+		}
+		label = label[:cut] + "..."
+	}
 	var stdin []byte
 	if in.Stdin != "" {
 		stdin = []byte(in.Stdin)
 	}
 	req := session.ExecRequest{
-		Argv: in.Argv, Program: program, Cwd: cwd, Env: env, Stdin: stdin,
-		Timeout: timeout, MaxOutput: p.MaxOutputBytes,
+		Argv: argv, Program: program, Cwd: cwd, Env: env, Stdin: stdin,
+		Timeout: timeout, MaxOutput: p.MaxOutputBytes, Background: in.Background, Label: label,
 	}
-	if tok := c.req.Params.GetProgressToken(); tok != nil {
-		req.OnOutput = newProgress(ctx, c.req.Session, tok).output
+	var prog *progress
+	if tok := c.req.Params.GetProgressToken(); tok != nil && !in.Background {
+		prog = newProgress(ctx, c.req.Session, tok)
+		req.OnOutput = prog.output
 	}
 	res, err := sb.Exec(ctx, req)
+	if prog != nil {
+		prog.done() // every notification goes before the result
+	}
 	if err != nil {
+		if e, ok := errcode.As(err); ok && e.Code == errcode.NotFound && mistake != "" {
+			return nil, out, errcode.Errorf(errcode.NotFound, "%s. %s", strings.TrimSuffix(e.Message, "."), mistake)
+		}
 		return nil, out, err
 	}
+	out.Job = res.Job
+	if res.Running {
+		out.Running = true
+		out.Hint = fmt.Sprintf("Job %s runs in the background. Read its output with sandbox_job (job %q, wait_ms up to 60000 to wait for more or its end); send stdin, close_stdin or a signal (TERM, KILL) the same way", res.Job, res.Job)
+		if mistake != "" {
+			out.Hint = joinHints(out.Hint, mistake)
+		}
+		c.bytes = 0
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "job " + res.Job + " started in the background\n" + out.Hint + "\n"}}}, out, nil
+	}
+	streams := [2]cutStream{
+		{name: "stdout", head: res.Stdout, tail: res.StdoutTail, omitted: res.StdoutOmitted, job: res.Job},
+		{name: "stderr", head: res.Stderr, tail: res.StderrTail, omitted: res.StderrOmitted, job: res.Job},
+	}
 	out.ExitCode = res.ExitCode
-	out.Stdout = toText(res.Stdout)
-	out.Stderr = toText(res.Stderr)
+	out.Stdout = streams[0].text()
+	out.Stderr = streams[1].text()
 	out.StdoutTruncated = res.StdoutTruncated
 	out.StderrTruncated = res.StderrTruncated
 	out.TimedOut = res.TimedOut
 	out.DurationMS = res.Duration.Milliseconds()
+	var notes []string
+	if res.TimedOut {
+		notes = append(notes, timedOut(timeout).Message)
+	} else {
+		notes = append(notes, exitMeaning(res.ExitCode, res.Signal))
+	}
+	for _, s := range streams {
+		notes = append(notes, s.note())
+		if !utf8.Valid(s.head) || !utf8.Valid(s.tail) {
+			notes = append(notes, s.name+" was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64)")
+		}
+	}
+	notes = append(notes, mistake)
+	out.Hint = joinHints(notes...)
 	c.exit = &out.ExitCode
-	c.bytes = int64(len(res.Stdout) + len(res.Stderr))
+	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
-	text := renderExec(out, timeout, p.MaxOutputBytes, res)
-	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
 	if out.TimedOut {
-		result.SetError(timedOut(timeout)) // the text above starts with it
+		result.SetError(timedOut(timeout)) // the text below starts with it
 	}
 	return result, out, nil
 }
 
-// toText returns output as valid UTF-8, replacing invalid bytes.
-func toText(b []byte) string {
-	if utf8.Valid(b) {
-		return string(b)
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
-}
-
 // timedOut is the error of a command killed at its timeout.
 func timedOut(timeout time.Duration) *errcode.Error {
-	return errcode.Errorf(errcode.Timeout, "the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work in the background.", timeout)
+	return errcode.Errorf(errcode.Timeout, "the command ran longer than its timeout of %s and was killed with every process it started; its partial output follows. Raise timeout_ms, or run long work with background: true and poll it with sandbox_job", timeout)
 }
 
-// renderExec is the text a model reads.
-func renderExec(out ExecOut, timeout time.Duration, maxOut int64, res session.ExecResult) string {
+// renderExec is the text a model reads where a client shows the text: a
+// status line, each stream, and the hint.
+func renderExec(out ExecOut) string {
 	var b strings.Builder
 	if out.TimedOut {
-		b.WriteString(timedOut(timeout).Error() + "\n")
+		b.WriteString("TIMEOUT: ")
 	} else {
-		fmt.Fprintf(&b, "exit code %d (%d ms)\n", out.ExitCode, out.DurationMS)
+		fmt.Fprintf(&b, "exit code %d (%d ms, job %s)\n", out.ExitCode, out.DurationMS, out.Job)
 	}
-	section := func(name, s string, truncated bool, raw []byte) {
-		if s == "" && !truncated {
+	if out.TimedOut {
+		// The hint starts with the timeout's sentence.
+		b.WriteString(out.Hint + "\n")
+	}
+	section := func(name, s string) {
+		if s == "" {
 			return
 		}
 		fmt.Fprintf(&b, "--- %s ---\n%s", name, s)
-		if s != "" && !strings.HasSuffix(s, "\n") {
+		if !strings.HasSuffix(s, "\n") {
 			b.WriteByte('\n')
 		}
-		if truncated {
-			fmt.Fprintf(&b, "[%s truncated at %d bytes: the rest was dropped; redirect it to a file and read that in parts]\n", name, maxOut)
-		}
-		if !utf8.Valid(raw) {
-			fmt.Fprintf(&b, "[%s was not valid UTF-8; invalid bytes are shown as U+FFFD. Redirect it to a file and read that for the exact bytes (base64)]\n", name)
-		}
 	}
-	section("stdout", out.Stdout, out.StdoutTruncated, res.Stdout)
-	section("stderr", out.Stderr, out.StderrTruncated, res.Stderr)
+	section("stdout", out.Stdout)
+	section("stderr", out.Stderr)
+	if out.Hint != "" && !out.TimedOut {
+		b.WriteString("--- hint ---\n" + out.Hint + "\n")
+	}
 	return b.String()
-}
-
-// progress sends a command's output as progress notifications, at most
-// every progressEvery and at most progressChunk bytes each; what is left
-// over is dropped (the result carries all of it).
-type progress struct {
-	ctx   context.Context
-	ss    *mcp.ServerSession
-	token any
-
-	mu   sync.Mutex
-	last time.Time
-	sent float64
-	buf  []byte
-}
-
-const (
-	progressEvery = 200 * time.Millisecond
-	progressChunk = 4 << 10
-)
-
-func newProgress(ctx context.Context, ss *mcp.ServerSession, token any) *progress {
-	return &progress{ctx: ctx, ss: ss, token: token}
-}
-
-func (p *progress) output(stream string, chunk []byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.buf) < progressChunk {
-		p.buf = append(p.buf, chunk[:min(len(chunk), progressChunk-len(p.buf))]...)
-	}
-	now := time.Now()
-	if now.Sub(p.last) < progressEvery {
-		return
-	}
-	p.last = now
-	p.sent += float64(len(p.buf))
-	msg := toText(p.buf)
-	p.buf = p.buf[:0]
-	if p.ss == nil {
-		return
-	}
-	_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{
-		ProgressToken: p.token,
-		Progress:      p.sent,
-		Message:       stream + ": " + msg,
-	})
 }

@@ -69,7 +69,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 		URITemplate: SnapshotURITemplate,
 		Name:        "snapshot",
 		Title:       "Workspace snapshot",
-		Description: "A snapshot made by sandbox_snapshot: its record (JSON) and, when it fits the server's file cap, the tar archive itself.",
+		Description: "A snapshot made by sandbox_snapshot: its record (JSON) and, when it fits the server's file cap, the tar archive itself (otherwise the record's hint says how to get it).",
 		MIMEType:    "application/x-tar",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		uri := req.Params.URI
@@ -92,16 +92,26 @@ func registerResources(s *mcp.Server, d *Deps) {
 			return nil, err
 		}
 		defer f.Close()
-		meta, err := json.MarshalIndent(info, "", "  ")
-		if err != nil {
-			return nil, err
-		}
-		contents := []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(meta)}}
 		st, err := f.Stat()
 		if err != nil {
 			return nil, err
 		}
-		if size := st.Size(); size <= d.Policy.MaxFileBytes {
+		size := st.Size()
+		record := struct {
+			session.SnapshotInfo
+			Hint string `json:"hint,omitempty"`
+		}{SnapshotInfo: info}
+		if size > d.Policy.MaxFileBytes {
+			record.Hint = fmt.Sprintf("The tar archive (%d bytes) was left out: it is larger than this server's file cap (--max-file-bytes %d). "+
+				"Restore it into a sandbox with sandbox_restore and read the files you need there, or ask the operator to run `sandbox-mcp snapshot export %s DIR` on the server.",
+				size, d.Policy.MaxFileBytes, id)
+		}
+		meta, err := json.MarshalIndent(record, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		contents := []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(meta)}}
+		if size <= d.Policy.MaxFileBytes {
 			// The archive is read once, into a buffer of its size, under a
 			// reservation of what it and its base64 in the response take,
 			// counted against the server and the reading session.

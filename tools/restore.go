@@ -36,8 +36,8 @@ func restoreDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameRestore,
 		Title: "Restore a snapshot into the sandbox",
-		Description: "Replace the whole workspace (/workspace) with a snapshot made by sandbox_snapshot: one of this session's, or one another session of yours made (a fork). " +
-			"Files not in the snapshot are removed. Running processes are not part of a snapshot. resources/list shows your snapshots.",
+		Description: "Use it to roll the workspace back to a snapshot, or to start from one another session of yours made, rather than copying files with sandbox_exec. " +
+			"It replaces the whole workspace: files not in the snapshot are removed; processes are not in a snapshot. resources/list shows your snapshots.",
 		InputSchema:  inputSchema[RestoreIn](nil),
 		OutputSchema: outputSchema[RestoreOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -94,7 +94,7 @@ func deleteSnapshotDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:         NameDeleteSnapshot,
 		Title:        "Delete a snapshot",
-		Description:  "Delete one of your snapshots from the server. The sandbox's workspace is not touched.",
+		Description:  "Use it to delete one of your snapshots from the server when you no longer need it. The workspace is not touched.",
 		InputSchema:  inputSchema[DeleteSnapshotIn](nil),
 		OutputSchema: outputSchema[DeleteSnapshotOut](),
 		Annotations: &mcp.ToolAnnotations{

@@ -72,3 +72,13 @@ func listSchemaEdit(s *jsonschema.Schema) {
 	m.Minimum = new(float64(0))
 	m.Maximum = new(float64(policy.MaxListEntries))
 }
+
+func readSchemaEdit(s *jsonschema.Schema) {
+	s.Properties["encoding"].Enum = []any{"utf-8", "base64"}
+	for _, k := range []string{"start_line", "end_line"} {
+		s.Properties[k].Minimum = new(float64(1))
+	}
+	for _, k := range []string{"offset", "length"} {
+		s.Properties[k].Minimum = new(float64(0))
+	}
+}

@@ -161,6 +161,9 @@ func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandler
 		if res == nil {
 			res = &mcp.CallToolResult{}
 		}
+		if _, none := any(out).(noOutput); none {
+			return res, nil, nil // a tool without an output schema
+		}
 		res.StructuredContent = out
 		if res.Content == nil {
 			// As the SDK does for a typed output: the JSON as text too.

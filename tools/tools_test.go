@@ -82,19 +82,19 @@ func TestToolsAsData(t *testing.T) {
 		if tool.Description == "" || tool.Title == "" {
 			t.Errorf("%s: no description or title", tool.Name)
 		}
-		if tool.InputSchema == nil || tool.OutputSchema == nil {
-			t.Errorf("%s: missing a schema", tool.Name)
+		if tool.InputSchema == nil || (tool.OutputSchema == nil) != (tool.Name == NameViewImage) {
+			t.Errorf("%s: missing a schema, or an output schema where the image must show", tool.Name)
 		}
 		if tool.Annotations == nil {
 			t.Fatalf("%s: no annotations", tool.Name)
 		}
 		a := tool.Annotations
 		switch tool.Name {
-		case NameReadFile, NameList:
+		case NameReadFile, NameList, NameViewImage:
 			if !a.ReadOnlyHint || a.OpenWorldHint == nil || *a.OpenWorldHint {
 				t.Errorf("%s: want readOnlyHint and a closed world, got %+v", tool.Name, a)
 			}
-		case NameWriteFile, NameExec:
+		case NameWriteFile, NameExec, NameJob, NameEditFile, NameDelete, NameMove:
 			if a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint {
 				t.Errorf("%s: want destructiveHint, got %+v", tool.Name, a)
 			}
@@ -119,12 +119,12 @@ func TestToolsAsData(t *testing.T) {
 		if _, ok := inS.Properties["sandbox"]; !ok || slices.Contains(inS.Required, "sandbox") {
 			t.Errorf("%s: sandbox must be an optional input", tool.Name)
 		}
-		if !slices.Contains(outS.Required, "sandbox") {
+		if tool.Name != NameViewImage && !slices.Contains(outS.Required, "sandbox") {
 			t.Errorf("%s: sandbox must be a required output", tool.Name)
 		}
 	}
 	slices.Sort(names)
-	want := []string{NameExec, NameList, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameWriteFile}
+	want := []string{NameDelete, NameEditFile, NameExec, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameViewImage, NameWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools = %v, want %v", names, want)
 	}

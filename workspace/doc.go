@@ -1,5 +1,7 @@
 // Package workspace confines file operations to the tree under one
-// directory: read, write and list (workspace.go), a tar stream of the whole
+// directory: read, write and list (workspace.go), reads by line
+// (lines.go), edits in place (edit.go), delete and move (move.go, which
+// refuse every symlink on their paths), a tar stream of the whole
 // tree out (snapshot.go) and in (restore.go), every path resolved by the
 // kernel with openat2 below a descriptor of the root, so that no path,
 // symlink or ".." leads outside it (workspace.go states the model and its

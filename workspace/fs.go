@@ -373,7 +373,11 @@ func mkdirParents(base int, comps []string, resolve uint64, op, rel string) (int
 // owns every file in the workspace). Directories deeper than
 // removeFlattenDepth are moved up to top and removed in a later round, so
 // the descriptors held stay bounded however deep the tree is.
-func removeTree(top int) error {
+func removeTree(top int) error { return removeTreeCount(top, nil) }
+
+// removeTreeCount is removeTree, adding the number of entries removed to
+// *n when n is not nil.
+func removeTreeCount(top int, n *int64) error {
 	for round := 0; round < 1<<16; round++ {
 		if _, err := unix.Seek(top, 0, io.SeekStart); err != nil {
 			return err
@@ -386,7 +390,7 @@ func removeTree(top int) error {
 			return nil
 		}
 		for _, name := range names {
-			if err := removeEntry(top, top, name, 1); err != nil {
+			if err := removeEntry(top, top, name, 1, n); err != nil {
 				return err
 			}
 		}
@@ -395,12 +399,21 @@ func removeTree(top int) error {
 }
 
 // removeEntry removes name from the directory dir (open for reading), which
-// is depth levels below top. See removeTree.
-func removeEntry(top, dir int, name string, depth int) error {
+// is depth levels below top, counting what it removes in *n (if n is not
+// nil). See removeTree.
+func removeEntry(top, dir int, name string, depth int, n *int64) error {
+	count := func() {
+		if n != nil {
+			*n++
+		}
+	}
 	for attempt := 0; attempt < 8; attempt++ {
 		err := unix.Unlinkat(dir, name, 0)
 		switch err {
-		case nil, unix.ENOENT:
+		case nil:
+			count()
+			return nil
+		case unix.ENOENT:
 			return nil
 		case unix.EACCES, unix.EPERM:
 			// dir itself lacks write or search permission.
@@ -440,18 +453,22 @@ func removeEntry(top, dir int, name string, depth int) error {
 			return err
 		}
 		names, err := readNames(sub)
-		for _, n := range names {
+		for _, nm := range names {
 			if err != nil {
 				break
 			}
-			err = removeEntry(top, sub, n, depth+1)
+			err = removeEntry(top, sub, nm, depth+1, n)
 		}
 		closeFd(sub)
 		if err != nil {
 			return err
 		}
 		err = unix.Unlinkat(dir, name, unix.AT_REMOVEDIR)
-		if err == nil || err == unix.ENOENT {
+		if err == nil {
+			count()
+			return nil
+		}
+		if err == unix.ENOENT {
 			return nil
 		}
 		if err != unix.ENOTEMPTY && err != unix.EEXIST {

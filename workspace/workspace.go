@@ -23,6 +23,11 @@
 //     with O_NOFOLLOW / AT_SYMLINK_NOFOLLOW: writes replace a symlink with a
 //     regular file (temporary file + renameat) and never write through it;
 //     List, Snapshot and Restore never follow one.
+//   - Delete and Move change names, so they resolve the directory holding
+//     the name with RESOLVE_NO_SYMLINKS as well (any symlink on the path is
+//     refused, even one that stays inside) and act with unlinkat and
+//     renameat2 on that descriptor: a symlink is removed or renamed itself,
+//     never its target, and a recursive delete never follows one.
 //   - Opens that could block (a FIFO) use O_NONBLOCK, and only regular files
 //     (fstat S_ISREG on the opened descriptor) are read or written.
 //
@@ -180,23 +185,13 @@ func (w *Workspace) ReadFile(rel string, offset, length, max int64, dst io.Write
 	}
 	defer w.mu.RUnlock()
 
-	// O_NONBLOCK: opening a FIFO must not wait for a writer.
-	fd, err := openBeneath(root, p.open(), unix.O_RDONLY|unix.O_NONBLOCK, resolveFlags)
+	fd, st, err := openRegular(root, p, op, rel)
 	if err != nil {
-		return res, fsError(op, rel, err)
+		return res, err
 	}
 	defer closeFd(fd)
-	st, err := fstat(fd)
-	if err != nil {
-		return res, fsError(op, rel, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return res, notRegular(op, rel, st.Mode)
-	}
-	if err := clearNonblock(fd); err != nil {
-		return res, fsError(op, rel, err)
-	}
 	res.Size = st.Size
+	res.Offset = offset
 	if offset > st.Size {
 		return res, errcode.Errorf(errcode.InvalidArgument,
 			"read %s: offset %d is past the end of the file (%d bytes); use an offset of at most %d", quote(rel), offset, st.Size, st.Size)
@@ -211,6 +206,30 @@ func (w *Workspace) ReadFile(rel string, offset, length, max int64, dst io.Write
 	}
 	res.Truncated = sent < want
 	return res, nil
+}
+
+// openRegular opens the regular file p for reading, following symlinks
+// that stay inside the workspace, and returns it with its stat. A FIFO,
+// socket or device is refused without blocking.
+func openRegular(root int, p wsPath, op, rel string) (int, unix.Stat_t, error) {
+	// O_NONBLOCK: opening a FIFO must not wait for a writer.
+	fd, err := openBeneath(root, p.open(), unix.O_RDONLY|unix.O_NONBLOCK, resolveFlags)
+	if err != nil {
+		return -1, unix.Stat_t{}, fsError(op, rel, err)
+	}
+	st, err := fstat(fd)
+	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		closeFd(fd)
+		return -1, st, notRegular(op, rel, st.Mode)
+	}
+	if err == nil {
+		err = clearNonblock(fd)
+	}
+	if err != nil {
+		closeFd(fd)
+		return -1, st, fsError(op, rel, err)
+	}
+	return fd, st, nil
 }
 
 // dstError carries an error from the caller's writer (or reader) through the

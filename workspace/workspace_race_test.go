@@ -207,3 +207,136 @@ func raceSwap(t *testing.T, mode string) {
 		t.Errorf("the inside file is gone")
 	}
 }
+
+// TestSymlinkSwapRaceFileOps is the same race for edit, delete and move:
+// while "d" keeps switching between a real directory and a symlink to the
+// outside directory (which holds a "secret" too), edits, deletes and moves
+// of "d/secret" never read, change, remove or bring in the outside file.
+func TestSymlinkSwapRaceFileOps(t *testing.T) {
+	for _, mode := range []string{"exchange", "rename"} {
+		t.Run(mode, func(t *testing.T) { raceSwapFileOps(t, mode) })
+	}
+}
+
+func raceSwapFileOps(t *testing.T, mode string) {
+	e := newEnv(t)
+	e.file("d/secret", "inside")
+	e.symlink(e.outside, "s")
+	dirfd, err := unix.Open(e.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dirfd)
+
+	stop := make(chan struct{})
+	var swaps atomic.Int64
+	var swapper sync.WaitGroup
+	swapper.Add(1)
+	go func() {
+		defer swapper.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			switch mode {
+			case "exchange":
+				if err := unix.Renameat2(dirfd, "d", dirfd, "s", unix.RENAME_EXCHANGE); err != nil {
+					t.Errorf("exchange: %v", err)
+					return
+				}
+			case "rename":
+				_ = unix.Renameat(dirfd, "d", dirfd, "d.real")
+				_ = unix.Symlinkat(e.outside, dirfd, "d")
+				_ = unix.Unlinkat(dirfd, "d", 0)
+				_ = unix.Renameat(dirfd, "d.real", dirfd, "d")
+			}
+			swaps.Add(1)
+		}
+	}()
+
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	var ops, opsOK atomic.Int64
+	check := func(op string, err error) {
+		ops.Add(1)
+		switch codeOf(err) {
+		case "":
+			if err != nil {
+				t.Errorf("%s: unexpected error %v", op, err)
+			} else {
+				opsOK.Add(1)
+			}
+		case errcode.OutsideWorkspace, errcode.NotFound, errcode.InvalidArgument, errcode.Busy:
+		default:
+			t.Errorf("%s: unexpected error %v", op, err)
+		}
+	}
+	var wg sync.WaitGroup
+	worker := func(fn func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				fn()
+			}
+		}()
+	}
+	worker(func() {
+		_, err := e.edit("d/secret", secret, "PWNED", true, 0)
+		if codeOf(err) != errcode.NotFound {
+			check("edit of the outside text", err)
+		}
+		_, err = e.edit("d/secret", "inside", "inside", false, 0)
+		check("edit", err)
+	})
+	worker(func() {
+		_, err := e.w.Move("d/secret", "moved", false)
+		check("move out of d", err)
+		if err == nil {
+			if got := e.hostRead("moved"); got != "inside" {
+				t.Errorf("move brought in %q", got)
+			}
+			_, err = e.w.Move("moved", "d/secret", false)
+			check("move back", err)
+			if err != nil {
+				// d was the symlink: put the file back once d is real.
+				for {
+					if _, err := e.w.Move("moved", "d/secret", false); err == nil || codeOf(err) == errcode.NotFound {
+						break
+					}
+				}
+			}
+		}
+	})
+	worker(func() {
+		_, err := e.write("d/victim", "v")
+		check("write victim", err)
+		_, err = e.w.Delete("d/victim", false)
+		check("delete victim", err)
+		_, err = e.w.Delete("d/secret", false)
+		if err == nil {
+			// Deleted the inside one (the outside one is checked at the
+			// end): put it back.
+			_, err = e.write("d/secret", "inside")
+			check("restore inside secret", err)
+		} else {
+			check("delete", err)
+		}
+		_, err = e.w.Delete("d/secret", true)
+		if err == nil {
+			_, err = e.write("d/secret", "inside")
+			check("restore inside secret", err)
+		} else {
+			check("delete recursive", err)
+		}
+	})
+	wg.Wait()
+	close(stop)
+	swapper.Wait()
+	t.Logf("%s: %d swaps, %d ops (%d ok)", mode, swaps.Load(), ops.Load(), opsOK.Load())
+	if swaps.Load() < 100 || ops.Load() < 100 {
+		t.Fatalf("the race did not run enough to mean anything")
+	}
+	e.checkOutside()
+}

@@ -36,11 +36,16 @@ func main() {
 	out := flag.String("out", "docs/bench", "`dir`ectory for results.json, results.md and latency.png")
 	scale := flag.Float64("scale", 1, "multiply every repetition count by this (0.2 for a quick look)")
 	readme := flag.String("readme", "", "`file` whose block between the bench markers gets the new table (README.md)")
+	only := flag.String("only", "", "comma list of `steps` to run, by a word of their name (\"read\" runs the 1 MiB read and write rows); all when empty")
 	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig `file` of a cluster for the Kubernetes rows (none: skipped)")
+	agentImage := flag.String("agent-image", "", "agent `image` for the Kubernetes rows (make k8s-images prints it)")
+	kubectl := flag.String("kubectl", "kubectl", "kubectl `binary` for the Kubernetes baseline")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	b := &bench{bin: *bin, image: *img, scale: *scale, log: log}
+	b := &bench{bin: *bin, image: *img, scale: *scale, log: log, only: *only,
+		kube: &kubeBench{kubeconfig: *kubeconfig, agent: *agentImage, kubectl: *kubectl}}
 	if err := b.run(context.Background()); err != nil {
 		log.Error("bench failed", "err", err)
 		os.Exit(1)
@@ -64,6 +69,8 @@ type bench struct {
 	image string
 	scale float64
 	log   *slog.Logger
+	only  string // comma list of words; a step runs when its name holds one (all when empty)
+	kube  *kubeBench
 
 	Machine Machine  `json:"machine"`
 	Rows    []Row    `json:"rows"`
@@ -122,8 +129,12 @@ func (b *bench) run(ctx context.Context) error {
 		{"32 sessions × 50 execs", b.concurrent},
 		{"memory per idle session", b.memory},
 		{"proxy", b.proxy},
+		{"kubernetes", b.kubernetes},
 	}
 	for _, s := range steps {
+		if !b.selected(s.name) {
+			continue
+		}
 		b.log.Info("bench: " + s.name)
 		if err := s.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
@@ -131,6 +142,19 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.Machine.Duration = time.Since(start).Round(time.Second).String()
 	return nil
+}
+
+// selected reports whether the step called name runs (see -only).
+func (b *bench) selected(name string) bool {
+	if b.only == "" {
+		return true
+	}
+	for _, w := range strings.Split(b.only, ",") {
+		if w = strings.TrimSpace(w); w != "" && strings.Contains(name, w) {
+			return true
+		}
+	}
+	return false
 }
 
 func machine(img string) Machine {

@@ -260,18 +260,15 @@ func TestStdioTools(t *testing.T) {
 		t.Fatalf("mtime: %v", err)
 	}
 
-	// An image file comes back as image content too.
+	// An image file reads as its media type; sandbox_view_image shows it.
 	png := []byte("\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89\x00\x00\x00\rIDATx\x9cc\xf8\xcf\xc0\xf0\x1f\x00\x05\x00\x01\xff\x89\x99=\x1d\x00\x00\x00\x00IEND\xaeB`\x82")
 	s.ok("sandbox_write_file", map[string]any{"path": "plot.png", "content": base64.StdEncoding.EncodeToString(png), "encoding": "base64"})
-	res := s.call("sandbox_read_file", map[string]any{"path": "plot.png"})
-	var img *mcp.ImageContent
-	for _, c := range res.Content {
-		if ic, ok := c.(*mcp.ImageContent); ok {
-			img = ic
-		}
+	r = s.ok("sandbox_read_file", map[string]any{"path": "plot.png"})
+	if r["media_type"] != "image/png" || r["content"] != "" || r["size"].(float64) != float64(len(png)) {
+		t.Fatalf("image read: %v", r)
 	}
-	if img == nil || img.MIMEType != "image/png" || !bytes.Equal(img.Data, png) {
-		t.Fatalf("no image content for a PNG: %+v", res.Content)
+	if img := viewImage(t, s, "plot.png"); img.MIMEType != "image/png" || !bytes.Equal(img.Data, png) {
+		t.Fatalf("view image: %s, %d bytes", img.MIMEType, len(img.Data))
 	}
 
 	// Errors the model can act on.
@@ -308,7 +305,7 @@ func TestStdioTools(t *testing.T) {
 	}
 
 	// A timeout is an error result that still carries the partial output.
-	res = s.call("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "echo partial; sleep 30"}, "timeout_ms": 1000})
+	res := s.call("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "echo partial; sleep 30"}, "timeout_ms": 1000})
 	if !res.IsError || !strings.HasPrefix(text(res), "TIMEOUT: ") {
 		t.Fatalf("timeout result: %v %s", res.IsError, text(res))
 	}
@@ -621,14 +618,10 @@ def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zl
 raw = b"".join(b"\x00" + b"\xff\x00\x00" * 4 for _ in range(4))
 png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 open("plot.png", "wb").write(png)`}})
-	res := s.call("sandbox_read_file", map[string]any{"path": "plot.png"})
-	found := false
-	for _, c := range res.Content {
-		if ic, ok := c.(*mcp.ImageContent); ok && ic.MIMEType == "image/png" {
-			found = true
-		}
-	}
-	if !found {
-		t.Fatalf("no image content: %s", text(res))
+	img := viewImage(t, s, "plot.png")
+	raw := s.ok("sandbox_read_file", map[string]any{"path": "plot.png", "encoding": "base64"})
+	want, err := base64.StdEncoding.DecodeString(raw["content"].(string))
+	if err != nil || img.MIMEType != "image/png" || !bytes.Equal(img.Data, want) || !bytes.HasPrefix(want, []byte("\x89PNG")) {
+		t.Fatalf("the plot seen (%s, %d bytes) is not the file (%d bytes, %v)", img.MIMEType, len(img.Data), len(want), err)
 	}
 }

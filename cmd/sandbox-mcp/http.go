@@ -9,7 +9,8 @@ package main
 // --max-sessions-per-caller), and for a DELETE, the removal of the session's
 // sandbox, before the go-sdk's handler sees it. Inside the SDK, a caller's
 // tool calls and resource reads in flight are capped
-// (--max-calls-per-caller). /healthz answers probes without any of that and
+// (--max-calls-per-caller), and the calls a POST carried end when its
+// client drops it (see http_abandon.go). /healthz answers probes without any of that and
 // says nothing but "ok".
 
 import (
@@ -207,6 +208,7 @@ type guard struct {
 	sessions *tools.Sessions
 	server   *mcp.Server // its sessions are the ones this process holds
 	quota    *sessionQuota
+	posts    *posts       // the POSTs being served, whose calls end with them
 	mcp      http.Handler // the SDK's streamable handler
 	authed   http.Handler // token check, then serveMCP
 	log      *slog.Logger
@@ -222,9 +224,10 @@ func newGuard(cfg Config, addr *net.TCPAddr, server *mcp.Server, sessions *tools
 		sessions: sessions,
 		server:   server,
 		quota:    newSessionQuota(server, cfg.HTTP.MaxSessions, cfg.HTTP.SessionsPerCaller()),
+		posts:    newPosts(),
 		log:      log,
 	}
-	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(cfg.HTTP.CallsPerCaller(), log).limit)
+	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(cfg.HTTP.CallsPerCaller(), log).limit, g.posts.watch)
 	names := append([]string{addr.IP.String()}, cfg.HTTP.AllowHosts...)
 	if host, _, err := net.SplitHostPort(cfg.HTTP.Addr); err == nil && host != "" {
 		names = append(names, host)
@@ -379,6 +382,8 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		defer done()
 		r = admitted
 	}
+	r, served := g.posts.tag(r)
+	defer served()
 	g.mcp.ServeHTTP(w, r)
 }
 

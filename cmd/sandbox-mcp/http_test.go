@@ -644,8 +644,10 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	c := s.connect("")
 	id := c.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
 	done := make(chan error, 1)
+	var res *mcp.CallToolResult
 	go func() {
-		_, err := c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "60"}}})
+		var err error
+		res, err = c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "60"}}})
 		done <- err
 	}()
 	time.Sleep(time.Second)
@@ -662,7 +664,16 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	// The container goes in the background, without holding the answer.
 	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 20*time.Second)
 	select {
-	case <-done:
+	case err := <-done:
+		// The answer, if it gets out before the session's stream closes,
+		// says the session ended: no "call again".
+		if err == nil {
+			msg := text(res)
+			if !res.IsError || !strings.HasPrefix(msg, "UNAVAILABLE: the session ended") || strings.Contains(msg, "Call again") {
+				t.Errorf("the call in flight was answered %q", msg)
+			}
+		}
+		t.Logf("the call in flight ended with %v %v", err, res)
 	case <-time.After(15 * time.Second):
 		t.Fatal("the call in flight did not end")
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
@@ -254,18 +255,17 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 // newServer builds the MCP server with every tool and resource; audit, if
 // not nil, gets a record per tool call.
 func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, audit *tools.AuditLog) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
-		Instructions: "Run commands and edit files in an isolated Linux sandbox (one per session). " +
-			"The workspace is /workspace; paths are relative to it. Read sandbox://policy for what this server allows.",
-		Logger:                    log,
-		SupportedProtocolVersions: protocolVersions,
-	})
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSessions
 		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
 		view.MaxCallsPerCaller = cfg.HTTP.CallsPerCaller()
 	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{
+		Instructions:              tools.Instructions(view, image.DefaultTag()),
+		Logger:                    log,
+		SupportedProtocolVersions: protocolVersions,
+	})
 	deps := &tools.Deps{
 		Policy:     cfg.Policy,
 		PolicyView: view,
@@ -330,7 +330,7 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"exec", p.Exec, "allow_cmd", strings.Join(p.AllowCmds, ","), "read_only", p.ReadOnly,
 		"max_file_bytes", p.MaxFileBytes, "max_output_bytes", p.MaxOutputBytes, "max_workspace_bytes", p.MaxWorkspaceBytes,
 		"exec_timeout", p.ExecTimeout, "max_exec_timeout", p.MaxExecTimeout,
-		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_execs", p.MaxExecs,
+		"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "max_jobs", p.MaxExecs, "max_job_output_bytes", p.MaxJobOutputBytes,
 		"max_inflight_bytes", p.MaxInflightBytes, "max_session_inflight_bytes", p.MaxSessionInflightBytes,
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),

@@ -3,111 +3,29 @@ package kube
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/image/testimage"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
-// testNode returns the test node's client configuration, or skips: the
-// tests on a real cluster run where ../shared/tools/k8s/k8s-node.sh is up
-// (KUBECONFIG, or its default admin kubeconfig), and .ci/run brings it up.
 func testNode(t *testing.T) *rest.Config {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("kubernetes node tests skipped under -short")
-	}
-	kc := os.Getenv("SANDBOX_MCP_KUBECONFIG")
-	if kc == "" {
-		kc = "/var/tmp/k8s-node/pki/admin.kubeconfig"
-	}
-	if _, err := os.Stat(kc); err != nil {
-		t.Skipf("no Kubernetes test node (%s missing): run ../shared/tools/k8s/k8s-node.sh all and make k8s-images, or set SANDBOX_MCP_KUBECONFIG", kc)
-	}
-	rc, err := RESTConfig(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := kubernetes.NewForConfigOrDie(rc)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := cs.Discovery().ServerVersion(); err != nil || ctx.Err() != nil {
-		t.Skipf("the Kubernetes test node at %s does not answer (%v): run ../shared/tools/k8s/k8s-node.sh up", rc.Host, err)
-	}
+	_, rc := testenv.KubeNode(t)
 	return rc
 }
 
-var (
-	agentImageOnce sync.Once
-	agentImage     string
-	agentImageErr  error
-)
+func testAgentImage(t *testing.T) string { return testenv.KubeAgentImage(t) }
 
-// testAgentImage builds the agent image and loads it and the test image
-// into the node (hack/k8s-images.sh, a no-op when they are there).
-func testAgentImage(t *testing.T) string {
-	t.Helper()
-	agentImageOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		out, err := exec.Command("bash", filepath.Join(root, "hack", "k8s-images.sh"), testimage.Tag()).Output()
-		if err != nil {
-			var stderr []byte
-			if ee, ok := err.(*exec.ExitError); ok {
-				stderr = ee.Stderr
-			}
-			agentImageErr = errorf("hack/k8s-images.sh: %v\n%s", err, stderr)
-			return
-		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		agentImage = lines[len(lines)-1]
-	})
-	if agentImageErr != nil {
-		t.Fatal(agentImageErr)
-	}
-	return agentImage
-}
-
-// testNamespace makes a namespace enforcing Pod Security "restricted",
-// deleted (with everything in it) when the test ends.
-func testNamespace(t *testing.T, rc *rest.Config) string {
-	t.Helper()
-	var b [4]byte
-	rand.Read(b[:])
-	name := "sbx-test-" + hex.EncodeToString(b[:])
-	cs := kubernetes.NewForConfigOrDie(rc)
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "restricted", LabelManaged: "1"}}}
-	if _, err := cs.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		zero := int64(0)
-		_ = cs.CoreV1().Pods(name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-		if err := cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-			t.Logf("delete namespace %s: %v", name, err)
-		}
-	})
-	return name
-}
+func testNamespace(t *testing.T, rc *rest.Config) string { return testenv.KubeNamespace(t, rc) }
 
 func testCluster(t *testing.T, rc *rest.Config, ns, instance string) *Cluster {
 	t.Helper()

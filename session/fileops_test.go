@@ -1,0 +1,68 @@
+package session
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+)
+
+// TestConnFileOpsWithTheRealAgent: edit, delete, move and line reads go
+// through both real ends of the protocol, with their results and their
+// coded refusals intact.
+func TestConnFileOpsWithTheRealAgent(t *testing.T) {
+	c, ra := realAgentConn(t, time.Minute)
+	ctx := ctxFor(t)
+	ws := func(p string) string { return filepath.Join(ra.workspace, p) }
+	if err := os.WriteFile(ws("a.txt"), []byte("one\ntwo\ntwo\nthree\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := c.editFile(ctx, "a.txt", "two", "2", false, 1<<20)
+	if e, ok := errcode.As(err); !ok || e.Code != errcode.InvalidArgument {
+		t.Fatalf("ambiguous edit: %v", err)
+	}
+	res, err = c.editFile(ctx, "a.txt", "two", "2", true, 1<<20)
+	if err != nil || res.Replacements != 2 || res.Size != 14 {
+		t.Fatalf("edit: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(ws("a.txt")); string(b) != "one\n2\n2\nthree\n" {
+		t.Fatalf("edited file: %q", b)
+	}
+	if fi, _ := os.Stat(ws("a.txt")); fi.Mode().Perm() != 0o640 {
+		t.Fatalf("mode not kept: %v", fi.Mode())
+	}
+
+	lr, err := c.read(ctx, agentproto.ReadRequest{Path: "a.txt", Max: 1 << 20, StartLine: 2, EndLine: 3})
+	if err != nil || string(lr.Data) != "2\n2\n" || lr.StartLine != 2 || lr.EndLine != 3 || lr.TotalLines != 4 || lr.Offset != 4 {
+		t.Fatalf("lines: %+v %q %v", lr, lr.Data, err)
+	}
+
+	mr, err := c.move(ctx, "a.txt", "sub/", false)
+	if err != nil || mr.To != "sub/a.txt" || mr.Type != agentproto.TypeFile {
+		t.Fatalf("move: %+v %v", mr, err)
+	}
+	if _, err := c.move(ctx, "sub/a.txt", "../escape", false); err == nil {
+		t.Fatal("move outside succeeded")
+	} else if e, ok := errcode.As(err); !ok || e.Code != errcode.OutsideWorkspace {
+		t.Fatalf("move outside: %v", err)
+	}
+
+	if _, err := c.deletePath(ctx, "sub", false); err == nil {
+		t.Fatal("delete of a full directory without recursive succeeded")
+	}
+	dr, err := c.deletePath(ctx, "sub", true)
+	if err != nil || dr.Deleted != 2 || dr.Type != agentproto.TypeDir {
+		t.Fatalf("delete: %+v %v", dr, err)
+	}
+	if _, err := os.Lstat(ws("sub")); !os.IsNotExist(err) {
+		t.Fatalf("sub still exists: %v", err)
+	}
+	// The connection is still good.
+	if _, err := c.editFile(ctx, "new.txt", "", "created", false, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,100 @@
+package tools
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// defaultImageTools are what the default image offers a model, in a few
+// words (image/Dockerfile has the full list).
+const defaultImageTools = "bash, coreutils, git, curl, jq, ripgrep (rg), python3 with pip and venv, Node.js with npm, gcc, g++ and make"
+
+// Instructions returns the server's instructions, which a client gives the
+// model once, with the tools: what the sandbox is, what it has, what lasts
+// between calls and what does not, and the policy, all from the server's
+// configuration (v; defaultImage is the default image's tag, to tell the
+// toolbox from an operator's image). It is short: clients put it in every
+// conversation.
+func Instructions(v PolicyView, defaultImage string) string {
+	p := v.Policy
+	var b strings.Builder
+	b.WriteString("Each session gets its own sandbox: a Linux container, made at your first call and removed when the session ends. ")
+	if v.Image == "" || v.Image == defaultImage {
+		b.WriteString("It has " + defaultImageTools + ". ")
+	} else {
+		fmt.Fprintf(&b, "Its image is %s, the operator's choice; list its tools with `ls /usr/local/bin /usr/bin`. ", v.Image)
+	}
+	switch {
+	case p.Network == policy.NetworkNone:
+		b.WriteString("It has no network: nothing can be downloaded or installed from the internet. ")
+	case len(p.AllowHosts) == 0:
+		b.WriteString("Its network goes through a proxy that allows no host. ")
+	default:
+		fmt.Fprintf(&b, "Its network reaches only %s (HTTPS, through the proxy HTTPS_PROXY names); anything else is refused. ", strings.Join(p.AllowHosts, ", "))
+	}
+
+	paragraph(&b)
+	b.WriteString("Files under /workspace last for the session (tool paths are relative to it; sandbox_snapshot keeps them longer); " +
+		"the rest of the filesystem is read-only but a small /tmp. ")
+	if p.Exec != policy.ExecDeny {
+		b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
+		fmt.Fprintf(&b, "A command is killed with everything it started after timeout_ms (default %s, at most %s). ", shortDuration(p.ExecTimeout), shortDuration(p.MaxExecTimeout))
+		b.WriteString("For servers, watchers and long builds, start it with background: true and follow it with sandbox_job (read output, send input or a signal; without job it lists your jobs). ")
+	}
+
+	paragraph(&b)
+	b.WriteString("Policy: ")
+	switch p.Exec {
+	case policy.ExecDeny:
+		b.WriteString("no commands run here; use the file tools. ")
+	case policy.ExecAllowlist:
+		fmt.Fprintf(&b, "only these programs run: %s. ", strings.Join(p.AllowCmds, ", "))
+	default:
+		b.WriteString("any command may run. ")
+	}
+	if p.ReadOnly {
+		b.WriteString("The workspace is read-only: nothing can change it. ")
+	}
+	fmt.Fprintf(&b, "Files up to %s per read or write; results carry at most %s of output (head and tail); the workspace holds %s; %s of memory, %g CPU, %d processes. ",
+		sizeOf(p.MaxFileBytes), sizeOf(p.MaxOutputBytes), sizeOf(p.MaxWorkspaceBytes), sizeOf(p.Memory), p.CPUs, p.Pids)
+	if len(v.EnvNames) > 0 {
+		fmt.Fprintf(&b, "Set for every command: %s. ", strings.Join(v.EnvNames, ", "))
+	}
+	b.WriteString("The resource " + PolicyURI + " has it all.")
+	return b.String()
+}
+
+// paragraph ends a paragraph of b.
+func paragraph(b *strings.Builder) {
+	s := strings.TrimRight(b.String(), " ")
+	b.Reset()
+	b.WriteString(s + "\n\n")
+}
+
+// sizeOf writes a byte count the way people read it: 8 MiB, 512 KiB.
+func sizeOf(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// shortDuration writes 1m0s as 1m and 10m0s as 10m.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

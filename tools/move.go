@@ -1,0 +1,79 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+)
+
+// NameMove is sandbox_move's name.
+const NameMove = "sandbox_move"
+
+// MoveIn is sandbox_move's input.
+type MoveIn struct {
+	From      string `json:"from" jsonschema:"File, symlink or directory to move, relative to /workspace."`
+	To        string `json:"to" jsonschema:"Its new path, relative to /workspace; ending in / moves it into that directory. Missing directories are created."`
+	Overwrite bool   `json:"overwrite,omitempty" jsonschema:"Replace an existing file at to. Default: an existing to is an error."`
+	Sandbox   string `json:"sandbox,omitempty" jsonschema:"Sandbox id to move in. Default: this session's sandbox."`
+}
+
+// MoveOut is sandbox_move's output.
+type MoveOut struct {
+	Sandbox string `json:"sandbox" jsonschema:"The sandbox the files are in."`
+	From    string `json:"from" jsonschema:"The path moved, relative to /workspace."`
+	To      string `json:"to" jsonschema:"Where it is now, relative to /workspace."`
+}
+
+func moveDef(p policy.Policy) *mcp.Tool {
+	desc := "Use it to rename or move a file, symlink or directory within /workspace rather than mv in sandbox_exec; it works where exec is denied. " +
+		"An existing destination is replaced only with overwrite=true. Symlinks on either path are never followed."
+	if p.ReadOnly {
+		desc += " This server's workspace is read-only: every move is refused."
+	}
+	return &mcp.Tool{
+		Name:         NameMove,
+		Title:        "Move or rename in the sandbox",
+		Description:  desc,
+		InputSchema:  inputSchema[MoveIn](nil),
+		OutputSchema: outputSchema[MoveOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Move or rename in the sandbox",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(true),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(false),
+		},
+	}
+}
+
+func (d *Deps) move(ctx context.Context, c *call, in MoveIn) (*mcp.CallToolResult, MoveOut, error) {
+	var out MoveOut
+	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	out.Sandbox = sb.ID()
+	if dec := d.Policy.CanWrite(); !dec.Allow {
+		return nil, out, dec.Err()
+	}
+	from, dec := policy.WorkspacePath(in.From)
+	if !dec.Allow {
+		return nil, out, dec.Err()
+	}
+	if dec := policy.CheckRenamable(from); !dec.Allow {
+		return nil, out, dec.Err()
+	}
+	to, dec := policy.WorkspacePath(in.To)
+	if !dec.Allow {
+		return nil, out, dec.Err()
+	}
+	res, err := sb.Move(ctx, from, to, in.Overwrite)
+	if err != nil {
+		return nil, out, err
+	}
+	out.From, out.To = from, res.To
+	return textResult(fmt.Sprintf("moved %s (a %s) to %s", from, res.Type, res.To)), out, nil
+}

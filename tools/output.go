@@ -1,0 +1,189 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"golang.org/x/sys/unix"
+)
+
+// toText returns output as valid UTF-8, replacing invalid bytes.
+func toText(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// cutStream is one stream as a result shows it: its head, and when the
+// output cap cut it, the line that says what was left out and its tail.
+type cutStream struct {
+	name     string // stdout or stderr
+	head     []byte
+	tail     []byte
+	omitted  int64 // bytes left out between head and tail
+	job      string
+	notUTF8  bool
+	shownAll bool
+}
+
+// offsetArg is the sandbox_job argument that reads the stream.
+func (s cutStream) offsetArg() string { return s.name + "_offset" }
+
+// note is the sentence that says what was left out and how to read it;
+// "" when nothing was.
+func (s cutStream) note() string {
+	if s.omitted <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d bytes of %s were left out after its first %d; read them with sandbox_job (job %q, %s %d)",
+		s.omitted, s.name, len(s.head), s.job, s.offsetArg(), len(s.head))
+}
+
+// text joins head, the cut line and tail.
+func (s cutStream) text() string {
+	if s.omitted <= 0 {
+		return toText(s.head) + toText(s.tail)
+	}
+	head := toText(s.head)
+	if head != "" && !strings.HasSuffix(head, "\n") {
+		head += "\n"
+	}
+	return head + "[... " + s.note() + " ...]\n" + toText(s.tail)
+}
+
+// exitMeaning says what an exit code usually means, for the hint.
+func exitMeaning(code int, signal string) string {
+	switch {
+	case code == 0:
+		return ""
+	case signal != "":
+		return fmt.Sprintf("exit code %d: a signal (%s) ended the command", code, signal)
+	case code == 126:
+		return "exit code 126: the program was found but could not be run (not executable, or a directory)"
+	case code == 127:
+		return "exit code 127: the shell did not find the command; check its name and that it is installed in the image"
+	case code > 128 && code < 128+65:
+		return fmt.Sprintf("exit code %d: the command died of signal %d (%s)", code, code-128, unix.SignalName(unix.Signal(code-128)))
+	}
+	return fmt.Sprintf("exit code %d: the command failed; its stderr usually says why", code)
+}
+
+// joinHints joins the non-empty sentences.
+func joinHints(parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, strings.TrimSuffix(p, ".")+".")
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// progress sends a command's output as progress notifications: each stream
+// apart (its own notifications, labelled), within progressEvery of being
+// written (a timer flushes what waits, not the next chunk), and everything
+// before the result (done flushes what is left). The output it sees is
+// bounded by the result's cap (the agent streams no more), so nothing is
+// dropped.
+type progress struct {
+	ctx   context.Context
+	ss    *mcp.ServerSession
+	token any
+
+	sendMu sync.Mutex // orders notifications
+	mu     sync.Mutex
+	bufs   [2][]byte // stdout, stderr
+	timer  *time.Timer
+	sent   float64
+	closed bool
+}
+
+// progressEvery is the longest output waits before it is sent.
+const progressEvery = 200 * time.Millisecond
+
+func newProgress(ctx context.Context, ss *mcp.ServerSession, token any) *progress {
+	return &progress{ctx: ctx, ss: ss, token: token}
+}
+
+// output takes a chunk of a stream ("stdout" or "stderr").
+func (p *progress) output(stream string, chunk []byte) {
+	i := 0
+	if stream == "stderr" {
+		i = 1
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.bufs[i] = append(p.bufs[i], chunk...)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(progressEvery, p.flush)
+	}
+}
+
+// flush sends what waits, stdout first.
+func (p *progress) flush() {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	p.mu.Lock()
+	bufs := p.bufs
+	p.bufs = [2][]byte{}
+	p.timer = nil
+	p.mu.Unlock()
+	for i, b := range bufs {
+		if len(b) == 0 {
+			continue
+		}
+		// A rune cut between two chunks: keep its start for the next one.
+		if keep := len(b) - len(trimPartialRune(b)); keep > 0 && keep < len(b) {
+			p.mu.Lock()
+			p.bufs[i] = append(append([]byte{}, b[len(b)-keep:]...), p.bufs[i]...)
+			p.mu.Unlock()
+			b = b[:len(b)-keep]
+		}
+		p.sent += float64(len(b))
+		if p.ss == nil {
+			continue
+		}
+		_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{
+			ProgressToken: p.token,
+			Progress:      p.sent,
+			Message:       [2]string{"stdout", "stderr"}[i] + ": " + toText(b),
+		})
+	}
+}
+
+// done sends everything left; no notification follows it.
+func (p *progress) done() {
+	p.mu.Lock()
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.mu.Unlock()
+	p.flush()
+	p.flush() // what a cut rune held back
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+}
+
+// trimPartialRune drops a UTF-8 sequence cut short at the end of b.
+func trimPartialRune(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
+}
