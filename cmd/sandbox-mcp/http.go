@@ -360,10 +360,11 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		// the request was routed away from. 404 makes clients start a
 		// new session (the MCP rule for an ended session); the body
 		// says what happened and what survives.
-		g.refuse(w, r, http.StatusNotFound, "UNAVAILABLE: this server does not hold that MCP session: "+
+		g.refuseCall(w, r, http.StatusNotFound, "UNAVAILABLE: this server does not hold that MCP session: "+
 			"the server or replica that made it has restarted or is gone, and the session's sandbox with it "+
 			"(or a load balancer sent the request to another replica: route each session to one replica). "+
-			"Start a new session (initialize again); snapshots you made are kept, and sandbox_restore brings one back")
+			"Start a new session (initialize again); snapshots you made are kept, and sandbox_restore brings one back",
+			requestID(r, g.maxBody))
 		return
 	case r.Method == http.MethodPost && id == "":
 		// The one request from which the SDK makes a session (it looks
@@ -385,6 +386,31 @@ func (g *guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 	r, served := g.posts.tag(r)
 	defer served()
 	g.mcp.ServeHTTP(w, r)
+}
+
+// requestID returns the id of the single JSON-RPC request in r's body (read
+// up to limit bytes), or nil when there is none: a notification, a batch,
+// a GET, a body that does not parse. Only a valid JSON number or string
+// comes back, ready to be echoed.
+func requestID(r *http.Request, limit int64) json.RawMessage {
+	if r.Method != http.MethodPost || r.Body == nil {
+		return nil
+	}
+	var req struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, limit)).Decode(&req); err != nil || len(req.ID) == 0 {
+		return nil
+	}
+	var v any
+	if json.Unmarshal(req.ID, &v) != nil {
+		return nil
+	}
+	switch v.(type) {
+	case float64, string:
+		return req.ID
+	}
+	return nil
 }
 
 // holds reports whether the MCP session id is one this process serves.
@@ -425,16 +451,25 @@ func (g *guard) originAllowed(values []string, host string) bool {
 // (no id: the request was not read) that says what to do, and logs it
 // without any header value but the remote address.
 func (g *guard) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	g.refuseCall(w, r, status, msg, nil)
+}
+
+// refuseCall is refuse answering the JSON-RPC request with this id (nil:
+// null), so that a client matches the error to its call and shows it.
+func (g *guard) refuseCall(w http.ResponseWriter, r *http.Request, status int, msg string, id json.RawMessage) {
 	g.log.Info("http request refused", "status", status, "method", r.Method, "remote", r.RemoteAddr, "reason", msg)
 	type rpcError struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}
+	if id == nil {
+		id = json.RawMessage("null")
+	}
 	body, err := json.Marshal(struct {
-		JSONRPC string   `json:"jsonrpc"`
-		ID      *int     `json:"id"`
-		Error   rpcError `json:"error"`
-	}{"2.0", nil, rpcError{-32000, "sandbox-mcp: " + msg}})
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   rpcError        `json:"error"`
+	}{"2.0", id, rpcError{-32000, "sandbox-mcp: " + msg}})
 	if err != nil {
 		http.Error(w, msg, status)
 		return
