@@ -23,6 +23,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/image/testimage"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
@@ -38,32 +39,13 @@ const (
 	serverPort = 8080
 )
 
-func kubeconfig() string {
-	if k := os.Getenv("SANDBOX_MCP_TEST_KUBECONFIG"); k != "" {
-		return k
-	}
-	return filepath.Join(nodeDir, "pki", "admin.kubeconfig")
-}
-
-// needNode skips the test without a test node, saying how to get one.
-func needNode(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("uses the Kubernetes test node; -short skips it")
-	}
-	if _, err := os.Stat(kubeconfig()); err != nil {
-		t.Skipf("no Kubernetes test node (%v): bring one up with ../shared/tools/k8s/k8s-node.sh all and load the images with make k8s-images", err)
-	}
-	if out, err := kubectl(t, "", "get", "--raw", "/readyz"); err != nil {
-		t.Skipf("the Kubernetes test node does not answer (%v: %s): bring it up with ../shared/tools/k8s/k8s-node.sh up", err, out)
-	}
-}
+var kubeconfig string // set by TestDeployManifests from testenv.KubeNode
 
 func kubectl(t *testing.T, stdin string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kubectlBin(), append([]string{"--kubeconfig", kubeconfig()}, args...)...)
+	cmd := exec.CommandContext(ctx, kubectlBin(), append([]string{"--kubeconfig", kubeconfig}, args...)...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
@@ -101,24 +83,6 @@ func loadImage(t *testing.T, tag string) {
 	}
 }
 
-// nodeImage returns the first image in the node's containerd whose name
-// starts with prefix, or fails saying to run make k8s-images.
-func nodeImage(t *testing.T, prefix string) string {
-	t.Helper()
-	sock := filepath.Join(nodeDir, "containerd", "containerd.sock")
-	out, err := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "images", "ls", "-q").Output()
-	if err != nil {
-		t.Fatalf("list the node's images: %v", err)
-	}
-	for _, ref := range strings.Fields(string(out)) {
-		if strings.HasPrefix(ref, prefix) {
-			return ref
-		}
-	}
-	t.Fatalf("no image %s* on the node: run make k8s-images", prefix)
-	return ""
-}
-
 // forwardAPI listens on the node's bridge address and forwards each
 // connection to the API server, until the test ends. It returns the port.
 func forwardAPI(t *testing.T) int {
@@ -150,11 +114,11 @@ func forwardAPI(t *testing.T) int {
 }
 
 func TestDeployManifests(t *testing.T) {
-	needNode(t)
+	kubeconfig, _ = testenv.KubeNode(t)
+	agentImage := testenv.KubeAgentImage(t) // loads the test image too
+	sandboxImage := testimage.Tag()
 	server := testenv.ServerImage(t)
 	loadImage(t, server)
-	agentImage := nodeImage(t, "docker.io/library/sandbox-mcp-agent:")
-	sandboxImage := nodeImage(t, "docker.io/library/sandbox-mcp-test:")
 
 	suffix := make([]byte, 4)
 	rand.Read(suffix)
@@ -230,6 +194,10 @@ spec:
             - {name: AGENT_IMAGE, value: "%[3]s"}
             - {name: SANDBOX_IMAGE, value: "%[4]s"}
             - {name: SANDBOX_MCP_PULL_POLICY, value: Never}
+            # small sandboxes: the node has two CPUs, shared with other tests
+            - {name: SANDBOX_MCP_CPUS, value: "0.1"}
+            - {name: SANDBOX_MCP_MEMORY, value: 128MiB}
+            - {name: SANDBOX_MCP_MAX_WORKSPACE_BYTES, value: 32MiB}
           resources:
             requests: {cpu: 50m, memory: 64Mi}
 `, nodeIP, apiPort, agentImage, sandboxImage),
@@ -283,9 +251,10 @@ spec:
 		{[]string{"update", "roles.rbac.authorization.k8s.io", "-n", ns}, "no"},
 		{[]string{"list", "nodes"}, "no"},
 	} {
-		got, _ := kubectl(t, "", append([]string{"auth", "can-i", "--as", sa}, c.args...)...)
-		if got != c.want {
-			t.Errorf("can the servers %v? %q, want %q", c.args, got, c.want)
+		out, _ := kubectl(t, "", append([]string{"auth", "can-i", "--as", sa}, c.args...)...)
+		lines := strings.Fields(out) // the answer is the last word, after any warning
+		if got := lines[len(lines)-1]; got != c.want {
+			t.Errorf("can the servers %v? %q, want %q", c.args, out, c.want)
 		}
 	}
 
