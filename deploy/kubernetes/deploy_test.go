@@ -244,12 +244,14 @@ spec:
 	}{
 		{[]string{"create", "pods", "-n", ns}, "yes"},
 		{[]string{"create", "pods/exec", "-n", ns}, "yes"},
+		{[]string{"deletecollection", "pods", "-n", ns}, "yes"},
 		{[]string{"update", "leases.coordination.k8s.io", "-n", ns}, "yes"},
 		{[]string{"create", "networkpolicies.networking.k8s.io", "-n", ns}, "yes"},
 		{[]string{"get", "secrets", "-n", ns}, "no"},
 		{[]string{"create", "pods", "-n", "default"}, "no"},
 		{[]string{"update", "roles.rbac.authorization.k8s.io", "-n", ns}, "no"},
 		{[]string{"list", "nodes"}, "no"},
+		{[]string{"list", "events", "-n", ns}, "no"},
 	} {
 		out, _ := kubectl(t, "", append([]string{"auth", "can-i", "--as", sa}, c.args...)...)
 		lines := strings.Fields(out) // the answer is the last word, after any warning
