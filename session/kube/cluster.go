@@ -80,6 +80,14 @@ type Cluster struct {
 	leaseOnce sync.Once
 	leaseStop context.CancelFunc
 	leaseDone chan struct{}
+
+	// The pod watch: one informer for this server's pods, which ends the
+	// exec stream of a pod deleted or ended from outside (a deleted pod's
+	// exec stream is not always closed by the kubelet).
+	watchOnce sync.Once
+	watchStop chan struct{}
+	liveMu    sync.Mutex
+	live      map[string]context.CancelFunc // pod name -> ends its stream
 }
 
 // RESTConfig loads the cluster's client configuration: from kubeconfig if
@@ -201,6 +209,12 @@ func (c *Cluster) renewLease(ctx context.Context) error {
 // Close stops renewing the lease and deletes it (call it after removing
 // this server's pods: a deleted lease lets others sweep at once).
 func (c *Cluster) Close(ctx context.Context) error {
+	c.liveMu.Lock()
+	if c.watchStop != nil {
+		close(c.watchStop)
+		c.watchStop = nil
+	}
+	c.liveMu.Unlock()
 	if c.leaseStop != nil {
 		c.leaseStop()
 		<-c.leaseDone
@@ -555,15 +569,18 @@ func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Sa
 		stderr: &tailWriter{},
 		done:   make(chan struct{}),
 	}
-	// The stream outlives Start's context: it lives until Remove.
+	// The stream outlives Start's context: it lives until Remove, or until
+	// the pod watch sees the pod go.
 	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = scancel
+	c.track(name, scancel)
 	go func() {
 		err := exec.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: inR, Stdout: outW, Stderr: p.stderr})
 		if err == nil {
 			err = io.EOF
 		}
 		p.streamErr = err
+		c.untrack(name)
 		outW.CloseWithError(err)
 		inR.CloseWithError(err)
 		close(p.done)

@@ -63,7 +63,7 @@ func agentExec(t *testing.T, r *agentproto.Reader, w *agentproto.Writer, id uint
 		switch f.Kind {
 		case agentproto.KindStdout:
 			out.Write(f.Payload)
-		case agentproto.KindResult:
+		case agentproto.KindExit:
 			var res agentproto.ExecResult
 			if err := f.Decode(&res); err != nil {
 				t.Fatal(err)
