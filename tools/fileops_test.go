@@ -48,6 +48,7 @@ func TestFileTools(t *testing.T) {
 		t.Fatalf("create by edit: %v", out)
 	}
 	r.fails(NameEditFile, map[string]any{"path": "../x", "old_string": "a", "new_string": "b"}, errcode.OutsideWorkspace)
+	r.fails(NameEditFile, map[string]any{"path": "src/a.py", "old_string": "yield", "new_string": "yield"}, errcode.InvalidArgument)
 
 	// Read by lines.
 	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "start_line": 2, "end_line": 3})

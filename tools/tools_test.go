@@ -206,9 +206,11 @@ func TestCancelledCallIsNoToolError(t *testing.T) {
 		"any error": errors.New("agent: stream closed"),
 	} {
 		recs = nil
-		h := wrap(d, NameExec, func(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
-			<-ctx.Done()
-			return nil, ExecOut{}, err
+		// The call fails as its context has ended already.
+		fail := func(in ExecIn) (ExecIn, error) { return in, err }
+		h := wrap(d, NameExec, fail, func(ctx context.Context, c *call, sb Sandbox, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+			t.Fatal("run after a failed check")
+			return nil, ExecOut{}, nil
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
