@@ -156,9 +156,13 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 		}
 	}
 
-	group, err := s.groups.take()
-	if err != nil {
-		return errcode.Errorf(errcode.Busy, "%v", err)
+	var group uint32
+	if !s.opts.Unprivileged {
+		g, err := s.groups.take()
+		if err != nil {
+			return errcode.Errorf(errcode.Busy, "%v", err)
+		}
+		group = g
 	}
 	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+1)
 	env = append(env, s.opts.Env...)
@@ -197,7 +201,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 		label = strings.ToValidUTF8(label[:maxLabel], "") + "..."
 	}
 	j := &job{
-		id: req.Job, label: label, started: time.Now(), group: group,
+		id: req.Job, label: label, started: time.Now(), group: group, unprivileged: s.opts.Unprivileged,
 		stdin: inW, stdinSem: make(chan struct{}, 1),
 		out:     [2]ring{newRing(req.KeepOutput), newRing(req.KeepOutput)},
 		changed: make(chan struct{}),
@@ -248,9 +252,16 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 	if req.TimeoutMillis > 0 {
 		runCtx, cancelRun = context.WithTimeout(base, time.Duration(req.TimeoutMillis)*time.Millisecond)
 	}
-	unwatch := context.AfterFunc(runCtx, func() { killTree(0, group) })
+	// Unprivileged, a command stopped before it executes its program is not
+	// found here (its pid is not known yet); the stopped start then holds
+	// the call until the sandbox ends.
+	unwatch := context.AfterFunc(runCtx, func() { killTree(0, j.members(0)) })
 	start := time.Now()
-	err = startAs(cmd, s.opts.User, group)
+	if s.opts.Unprivileged {
+		err = cmd.Start()
+	} else {
+		err = startAs(cmd, s.opts.User, group)
+	}
 	killedAtStart := !unwatch()
 	if err != nil {
 		cancelRun()
@@ -306,7 +317,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 			if s.root.Err() == nil || !req.Background {
 				stopped()
 			}
-			res.Killed = killTree(pgid, group)
+			res.Killed = killTree(pgid, j.members(pgid))
 			waitErr = <-waited
 		}
 		res.DurationNano = int64(time.Since(start))
