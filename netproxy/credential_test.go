@@ -2,10 +2,12 @@ package netproxy
 
 import (
 	"encoding/base64"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 func authConnect(target, token string) string {
@@ -32,13 +34,21 @@ func TestSharedListenerByCredential(t *testing.T) {
 	revokeB := h.p.Grant("sb-b", tokB)
 	defer revokeB()
 
-	if resp, _, _ := roundTrip(t, addr, authConnect("api.example.com:443", tokA)); resp.StatusCode != http.StatusOK {
-		t.Fatalf("sandbox a with its credential: %s", resp.Status)
+	// An allowed tunnel's decision is recorded once its first bytes are
+	// checked (not a ClientHello here): each sends some, in turn.
+	var ds []Decision
+	for i, tok := range []string{tokA, tokB} {
+		resp, _, c := roundTrip(t, addr, authConnect("api.example.com:443", tok))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("sandbox %d with its credential: %s", i, resp.Status)
+		}
+		io.WriteString(c, "ping")
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if ds = h.decisionList(); len(ds) > i {
+				break
+			}
+		}
 	}
-	if resp, _, _ := roundTrip(t, addr, authConnect("api.example.com:443", tokB)); resp.StatusCode != http.StatusOK {
-		t.Fatalf("sandbox b with its credential: %s", resp.Status)
-	}
-	ds := h.decisionList()
 	if len(ds) != 2 || ds[0].Sandbox != "sb-a" || ds[1].Sandbox != "sb-b" {
 		t.Fatalf("decisions %+v, want one for sb-a then one for sb-b", ds)
 	}
