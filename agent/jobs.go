@@ -33,6 +33,9 @@ type job struct {
 	label   string
 	started time.Time
 	group   uint32
+	// unprivileged: the job has no group of its own; its processes are
+	// found by the process tree (see treeMembers).
+	unprivileged bool
 	// stdin is the write end of the command's stdin pipe while it is open;
 	// stdinSem (one token) serialises writes to it.
 	stdin    *os.File
@@ -179,7 +182,7 @@ func (t *jobTable) killAll() {
 		j.mu.Lock()
 		pgid := j.pgid
 		j.mu.Unlock()
-		killTree(pgid, j.group)
+		killTree(pgid, j.members(pgid))
 		j.drop()
 	}
 }
@@ -279,28 +282,44 @@ func (j *job) signal(name string) (int, error) {
 		j.mu.Lock()
 		pgid := j.pgid
 		j.mu.Unlock()
-		return killTree(pgid, j.group), nil
+		return killTree(pgid, j.members(pgid)), nil
 	default:
 		return 0, errcode.Errorf(errcode.InvalidArgument, "signal %q is not one of INT, TERM, HUP, KILL", name)
 	}
 	j.mu.Lock()
-	if j.pgid > 0 {
+	pgid := j.pgid
+	if pgid > 0 {
 		// The command's process group, while its leader is not reaped
 		// (j.mu keeps finish from clearing it meanwhile).
-		_ = unix.Kill(-j.pgid, sig)
+		_ = unix.Kill(-pgid, sig)
 	}
 	j.mu.Unlock()
 	// And every process that left the group but holds the job's
-	// supplementary group.
+	// supplementary group (unprivileged: descends from the job's process
+	// group).
+	isMember := j.members(pgid)
+	found := map[int]*member{}
 	for _, p := range scanProcs() {
-		if p.live && p.in(j.group) {
-			if m := openMember(p.pid, j.group); m != nil {
-				m.signal(sig)
-				m.close()
+		if p.live && isMember(p, found) {
+			if m := openMember(p.pid, found, isMember); m != nil {
+				found[p.pid] = m
 			}
 		}
 	}
+	for _, m := range found {
+		m.signal(sig)
+		m.close()
+	}
 	return 0, nil
+}
+
+// members finds the job's processes: by its group, or, unprivileged, by
+// the process tree from its process group pgid.
+func (j *job) members(pgid int) func(procInfo, map[int]*member) bool {
+	if j.unprivileged {
+		return treeMembers(pgid, true)
+	}
+	return groupMembers(j.group)
 }
 
 // splitBudget shares max bytes between two streams with a and b bytes to
@@ -377,8 +396,10 @@ func (s *server) jobOp(ctx context.Context, c *call, req agentproto.JobRequest) 
 	n0, n1 := splitBudget(max(req.Max, 0), j.out[0].total-at[0], j.out[1].total-at[1])
 	data[0], at[0] = j.out[0].read(at[0], n0)
 	data[1], at[1] = j.out[1].read(at[1], n1)
-	for i := range data {
-		j.cursor[i] = at[i] + int64(len(data[i]))
+	if !req.Peek {
+		for i := range data {
+			j.cursor[i] = at[i] + int64(len(data[i]))
+		}
 	}
 	st := j.statusLocked()
 	j.mu.Unlock()

@@ -27,6 +27,8 @@ type procInfo struct {
 	pid    int
 	live   bool
 	groups []uint32
+	ppid   int // parent pid in the agent's pid namespace (0: outside it)
+	pgid   int // process group in the agent's pid namespace
 }
 
 func (p procInfo) in(group uint32) bool {
@@ -51,7 +53,7 @@ func (p procInfo) in(group uint32) bool {
 // finds, so nothing can fork its way out while the agent looks, until a
 // round finds no new member. Then all are killed, and the group is swept
 // until no live process holds it.
-func killTree(pgid int, group uint32) int {
+func killTree(pgid int, isMember func(procInfo, map[int]*member) bool) int {
 	if pgid > 0 {
 		_ = syscall.Kill(-pgid, syscall.SIGSTOP)
 	}
@@ -64,10 +66,10 @@ func killTree(pgid int, group uint32) int {
 	for range killRounds {
 		added := false
 		for _, p := range scanProcs() {
-			if !p.live || found[p.pid] != nil || !p.in(group) {
+			if !p.live || found[p.pid] != nil || !isMember(p, found) {
 				continue
 			}
-			if m := openMember(p.pid, group); m != nil {
+			if m := openMember(p.pid, found, isMember); m != nil {
 				found[p.pid] = m
 				m.signal(unix.SIGSTOP)
 				added = true
@@ -89,12 +91,12 @@ func killTree(pgid int, group uint32) int {
 	for time.Now().Before(deadline) {
 		left := false
 		for _, p := range scanProcs() {
-			if !p.live || !p.in(group) {
+			if !p.live || !isMember(p, found) {
 				continue
 			}
 			left = true
 			if found[p.pid] == nil {
-				if m := openMember(p.pid, group); m != nil {
+				if m := openMember(p.pid, found, isMember); m != nil {
 					found[p.pid] = m
 				}
 			}
@@ -116,9 +118,30 @@ type member struct {
 	pid, fd int // fd -1: no pidfd (kernel before 5.3), signal by pid
 }
 
-// openMember opens pid and checks, after opening it, that it still holds
-// group: the pidfd then names that very process.
-func openMember(pid int, group uint32) *member {
+// groupMembers finds a command's processes by the supplementary group it
+// was started in.
+func groupMembers(group uint32) func(procInfo, map[int]*member) bool {
+	return func(p procInfo, _ map[int]*member) bool { return p.in(group) }
+}
+
+// treeMembers finds a command's processes without a group of their own
+// (an unprivileged agent cannot give one): its process group pgid, every
+// child of a member found, and, with orphans, every orphan the namespace's
+// init adopted (parent pid 1), which is where a double fork ends up.
+// Orphans of other commands running at the same time are taken too: an
+// unprivileged agent cannot tell them apart.
+func treeMembers(pgid int, orphans bool) func(procInfo, map[int]*member) bool {
+	return func(p procInfo, found map[int]*member) bool {
+		if pgid <= 0 {
+			return false
+		}
+		return p.pgid == pgid || (orphans && p.ppid == 1) || (p.ppid > 0 && found[p.ppid] != nil)
+	}
+}
+
+// openMember opens pid and checks, after opening it, that it is still a
+// member: the pidfd then names that very process.
+func openMember(pid int, found map[int]*member, isMember func(procInfo, map[int]*member) bool) *member {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if !errors.Is(err, unix.ENOSYS) {
@@ -127,7 +150,7 @@ func openMember(pid int, group uint32) *member {
 		fd = -1
 	}
 	m := &member{pid: pid, fd: fd}
-	if p, ok := readStatus(pid); !ok || !p.in(group) {
+	if p, ok := readStatus(pid); !ok || !isMember(p, found) {
 		m.close()
 		return nil
 	}
@@ -199,6 +222,15 @@ func parseStatus(pid int, b []byte) (procInfo, bool) {
 			// Z (zombie) and X (dead) hold no resources worth a signal.
 			p.live = f[0][0] != 'Z' && f[0][0] != 'X'
 			seen++
+		case "PPid":
+			if len(f) == 1 {
+				p.ppid, _ = strconv.Atoi(string(f[0]))
+			}
+		case "NSpgid":
+			// One value per nested pid namespace, the innermost last.
+			if len(f) > 0 {
+				p.pgid, _ = strconv.Atoi(string(f[len(f)-1]))
+			}
 		case "Groups":
 			for _, g := range f {
 				v, err := strconv.ParseUint(string(g), 10, 32)
@@ -211,6 +243,16 @@ func parseStatus(pid int, b []byte) (procInfo, bool) {
 		}
 	}
 	return p, seen == 2
+}
+
+// groupHasMembers reports whether a live process still holds group.
+func groupHasMembers(group uint32) bool {
+	for _, p := range scanProcs() {
+		if p.live && p.in(group) {
+			return true
+		}
+	}
+	return false
 }
 
 // groupsInUse returns the supplementary groups of every live process.

@@ -1,8 +1,12 @@
 package agent
 
 import (
+	"io"
+	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -110,5 +114,64 @@ func TestParseStatus(t *testing.T) {
 	}
 	if _, ok := parseStatus(42, []byte("Name:\tx\nState:\tR (running)\n")); ok {
 		t.Fatal("a status without Groups parsed")
+	}
+}
+
+// TestTreeKillFindsDescendants: without a group of its own, a command's
+// processes are found by its process group and by descent, a child that
+// left the process group included, and killTree ends them all.
+func TestTreeKillFindsDescendants(t *testing.T) {
+	// The shell leaves two sleeps: one in its process group, one in a new
+	// session of its own (setsid), both children of the shell.
+	cmd := exec.Command("sh", "-c", "sleep 300 & setsid sleep 301 & echo ok; wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(out, buf); err != nil {
+		t.Fatal(err)
+	}
+	kids := func() []procInfo {
+		var ks []procInfo
+		for _, p := range scanProcs() {
+			if p.live && p.ppid == cmd.Process.Pid {
+				ks = append(ks, p)
+			}
+		}
+		return ks
+	}
+	// Both children exist once the shell printed (they were forked first).
+	var before []procInfo
+	for range 1000 {
+		if before = kids(); len(before) == 2 {
+			break
+		}
+		runtime.Gosched()
+	}
+	if len(before) != 2 {
+		t.Fatalf("want the shell's two children, found %d", len(before))
+	}
+	n := killTree(cmd.Process.Pid, treeMembers(cmd.Process.Pid, false))
+	if n < 3 {
+		t.Fatalf("killTree signalled %d processes, want the shell and its two children", n)
+	}
+	_ = cmd.Wait()
+	for _, k := range before {
+		// A killed child is gone, or a zombie until its new parent reaps it.
+		for range 1000 {
+			if p, ok := readStatus(k.pid); !ok || !p.live {
+				break
+			}
+			runtime.Gosched()
+		}
+		if p, ok := readStatus(k.pid); ok && p.live {
+			t.Fatalf("process %d (%+v) survived the kill", k.pid, p)
+		}
 	}
 }

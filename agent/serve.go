@@ -27,8 +27,16 @@ type Options struct {
 	// request's variables and PWD are added to it.
 	Env []string
 	// User is the sandbox user commands run as. Required; the process must
-	// have been through DropPrivileges(User).
+	// have been through DropPrivileges(User), unless Unprivileged is set.
 	User User
+	// Unprivileged says the agent itself runs as User, with no capability
+	// at all (a Kubernetes pod under the Pod Security "restricted" profile,
+	// which allows adding none). Commands then start as the agent's own
+	// user, and the kill-tree finds a command's processes by the process
+	// tree instead of by a supplementary group of their own (which takes
+	// CAP_SETGID to give). The agent is then within reach of the code it
+	// runs: the pod is the only boundary.
+	Unprivileged bool
 	// Path is the list of directories programs are looked up in. Relative
 	// entries and entries inside the workspace are ignored.
 	Path []string
@@ -83,9 +91,15 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	if err := opts.User.check(); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	groups, err := newGroupPool(opts.User)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+	groups := &groupPool{}
+	if !opts.Unprivileged {
+		g, err := newGroupPool(opts.User)
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		groups = g
+	} else if r, e, sv := unix.Getresuid(); r != opts.User.UID || e != opts.User.UID || sv != opts.User.UID {
+		return fmt.Errorf("agent: unprivileged, the agent must run as the sandbox user %d; it runs as %d %d %d", opts.User.UID, r, e, sv)
 	}
 	if _, ok := readStatus(os.Getpid()); !ok {
 		log.Warn("/proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")

@@ -72,17 +72,55 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 		return
 	}
 
-	if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
-		p.refuse(c, &d, sb, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
-			"this sandbox already has %d open connections to the proxy, the limit; close some and retry", p.cfg.MaxConns),
-		}, "Retry-After", "1")
-		return
-	}
-	defer sb.release(&sb.conns)
-
-	req, br, ref := p.readRequest(c)
-	if req == nil && ref == nil {
-		return // the client closed without sending anything, or Serve is ending
+	tooMany := &refusal{http.StatusTooManyRequests, fmt.Sprintf(
+		"this sandbox already has %d open connections to the proxy, the limit; close some and retry", p.cfg.MaxConns)}
+	var (
+		req *request
+		br  *bufio.Reader
+		ref *refusal
+	)
+	if s.shared {
+		// Who is asking is known only from the request's credential: read
+		// it under a bound of its own, then take the sandbox's slot.
+		if s.strangers.Add(1) > int64(p.cfg.MaxConns) {
+			s.strangers.Add(-1)
+			return
+		}
+		req, br, ref = p.readRequest(c)
+		s.strangers.Add(-1)
+		if req == nil && ref == nil {
+			return
+		}
+		if ref == nil {
+			if owner := p.byCredential(req.header); owner != nil {
+				sb = owner
+				d.Sandbox = sb.id
+			} else {
+				d.Host = truncate(req.target, maxLoggedHost)
+				p.refuse(c, &d, sb, errNoCredential, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
+				return
+			}
+		}
+		if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
+			p.refuse(c, &d, sb, tooMany, "Retry-After", "1")
+			return
+		}
+		defer sb.release(&sb.conns)
+	} else {
+		if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
+			p.refuse(c, &d, sb, tooMany, "Retry-After", "1")
+			return
+		}
+		defer sb.release(&sb.conns)
+		req, br, ref = p.readRequest(c)
+		if req == nil && ref == nil {
+			return // the client closed without sending anything, or Serve is ending
+		}
+		if ref == nil && !p.credentialOK(sb, req.header) {
+			d.Host = truncate(req.target, maxLoggedHost)
+			p.refuse(c, &d, sb, errNoCredential, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
+			return
+		}
 	}
 	start := time.Now()
 	if ref != nil {

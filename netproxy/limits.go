@@ -20,6 +20,11 @@ type sandboxState struct {
 	conns   int
 
 	refusals refusals
+
+	// token is the hash of the sandbox's credential (Grant), guarded by
+	// the Proxy's mu.
+	token    [32]byte
+	hasToken bool
 }
 
 func newSandboxState(id string, r rate.Limit, burst int) *sandboxState {

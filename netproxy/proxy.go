@@ -221,9 +221,11 @@ type Proxy struct {
 	dialer   Dialer
 
 	mu        sync.Mutex
-	sandboxes map[string]*sandboxState // by id, while a Serve for it runs
-	listeners map[netip.AddrPort]int   // addresses of served listeners, refcounted
-	deny      []netip.AddrPort         // cfg.DenyAddrs, normalised
+	sandboxes map[string]*sandboxState   // by id, while a Serve for it runs
+	listeners map[netip.AddrPort]int     // addresses of served listeners, refcounted
+	deny      []netip.AddrPort           // cfg.DenyAddrs, normalised
+	tokens    map[[32]byte]*sandboxState // granted credentials (Grant), by token hash
+	anon      *sandboxState              // refusals of requests with no known credential
 
 	secrets *secretSet // nil without Config.Secrets
 	ca      *ca        // the interception CA; nil without Config.Secrets
@@ -294,7 +296,11 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener, sandbox string, clien
 	for _, a := range clients {
 		s.clients = append(s.clients, a.Unmap().WithZone(""))
 	}
+	return p.serve(ctx, l, s)
+}
 
+// serve is the accept loop of Serve and ServeShared.
+func (p *Proxy) serve(ctx context.Context, l net.Listener, s *served) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
@@ -373,8 +379,9 @@ func (p *Proxy) unregister(id string, la net.Addr) (last bool) {
 // served is one Serve call: its sandbox, the addresses it serves, and the
 // connections from other addresses being refused.
 type served struct {
-	sb        *sandboxState
-	clients   []netip.Addr // unmapped, no zone; empty: any
+	sb        *sandboxState // shared: the state refusals without a credential count on
+	shared    bool          // the sandbox comes from each request's credential
+	clients   []netip.Addr  // unmapped, no zone; empty: any
 	strangers atomic.Int64
 }
 

@@ -40,6 +40,9 @@ type ExecRequest struct {
 	// OnOutput, if set, sees output as it arrives (for progress). It must
 	// not block.
 	OnOutput func(stream string, p []byte)
+	// OnStart, if set, learns the job id before the command is sent (for
+	// progress past what the live output carries). It must not block.
+	OnStart func(job string)
 
 	job jobOpts // set by Sandbox.Exec
 }

@@ -2,10 +2,12 @@ package session
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"net/url"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -79,10 +81,10 @@ func hostIP(t *testing.T) string {
 	return ip
 }
 
-// proxyScript sends one CONNECT through the sandbox's proxy and prints the
-// answer.
+// proxyScript sends one CONNECT through the sandbox's proxy, with the
+// sandbox's credential from its proxy URL, and prints the answer.
 func proxyScript(target, payload string) string {
-	return fmt.Sprintf(`p=${HTTPS_PROXY#http://}; { printf 'CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n'; sleep 0.5; printf '%s'; sleep 0.5; } | nc -w 2 ${p%%:*} ${p##*:}`, target, target, payload)
+	return fmt.Sprintf(`p=${HTTPS_PROXY#http://}; auth=$(printf %%s "${p%%@*}" | base64); p=${p#*@}; { printf 'CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %%s\r\n\r\n' "$auth"; sleep 0.5; printf '%s'; sleep 0.5; } | nc -w 2 ${p%%:*} ${p##*:}`, target, target, payload)
 }
 
 func egressManager(t *testing.T, allowPrivate bool, hosts ...string) *Manager {
@@ -128,14 +130,14 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 	// No other door: not the host's other ports on the gateway, not the
 	// host's own address, not the outside, not DNS.
 	wild := listen(t, "0.0.0.0:0", false)
-	gwScript := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; nc -w 2 ${p%%:*} %d </dev/null; echo rc=$?`, wild.port())
+	gwScript := fmt.Sprintf(`p=${HTTPS_PROXY##*@}; nc -w 2 ${p%%:*} %d </dev/null; echo rc=$?`, wild.port())
 	start := time.Now()
 	for name, script := range map[string]string{
 		"gateway, another port": gwScript,
 		"host address":          fmt.Sprintf("nc -w 2 %s %d </dev/null; echo rc=$?", hostIP(t), wild.port()),
 		"outside address":       "nc -w 2 1.1.1.1 443 </dev/null; echo rc=$?",
 		"dns":                   "nslookup example.com >/dev/null 2>&1; echo rc=$?",
-		"dns at the gateway":    `p=${HTTPS_PROXY#http://}; nslookup example.com ${p%%:*} >/dev/null 2>&1; echo rc=$?`,
+		"dns at the gateway":    `p=${HTTPS_PROXY##*@}; nslookup example.com ${p%%:*} >/dev/null 2>&1; echo rc=$?`,
 	} {
 		out := strings.TrimSpace(string(sh(t, sb, script).Stdout))
 		if out == "rc=0" {
@@ -261,12 +263,20 @@ func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
 	target := fmt.Sprintf("api.test:%d", upstream.port())
 	m := egressManager(t, true, target)
 	sb := newSandbox(t, m)
-	proxy := strings.TrimPrefix(strings.TrimSpace(string(sh(t, sb, "echo $HTTPS_PROXY").Stdout)), "http://")
-	host, port, err := net.SplitHostPort(proxy)
-	if err != nil {
-		t.Fatalf("the sandbox's proxy %q: %v", proxy, err)
+	proxyURL := strings.TrimSpace(string(sh(t, sb, "echo $HTTPS_PROXY").Stdout))
+	pu, err := url.Parse(proxyURL)
+	if err != nil || pu.User == nil {
+		t.Fatalf("the sandbox's proxy URL %q has no credential (%v)", proxyURL, err)
 	}
-	connect := fmt.Sprintf(`{ printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n'; sleep 0.5; printf 'from-outside'; sleep 0.5; } | nc -w 3 %[2]s %[3]s; echo rc=$?`, target, host, port)
+	host, port, err := net.SplitHostPort(pu.Host)
+	if err != nil {
+		t.Fatalf("the sandbox's proxy %q: %v", proxyURL, err)
+	}
+	// Outsiders hold the sandbox's own credential: the address check alone
+	// must keep them out.
+	pw, _ := pu.User.Password()
+	auth := base64.StdEncoding.EncodeToString([]byte(pu.User.Username() + ":" + pw))
+	connect := fmt.Sprintf(`{ printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\nProxy-Authorization: Basic %[4]s\r\n\r\n'; sleep 0.5; printf 'from-outside'; sleep 0.5; } | nc -w 3 %[2]s %[3]s; echo rc=$?`, target, host, port, auth)
 
 	// The firewall resets the listener's port to every interface but the
 	// sandbox's bridge; the proxy itself serves the sandbox's address only.
@@ -294,9 +304,13 @@ func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
 		t.Fatalf("the upstream was reached %d times from outside the sandbox", n)
 	}
 
-	// The sandbox itself still gets through.
+	// The sandbox itself still gets through, with its credential only.
 	res := sh(t, sb, proxyScript(target, "from-the-sandbox"))
 	if !strings.Contains(string(res.Stdout), "HTTP/1.1 200") || !strings.Contains(string(res.Stdout), "from-the-sandbox") {
 		t.Fatalf("the sandbox's own CONNECT: %q %q", res.Stdout, res.Stderr)
+	}
+	bare := fmt.Sprintf(`printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n' | nc -w 3 %[2]s %[3]s | head -1`, target, host, port)
+	if out := string(sh(t, sb, bare).Stdout); !strings.Contains(out, "407") {
+		t.Errorf("the sandbox's CONNECT without its credential: %q, want 407", out)
 	}
 }

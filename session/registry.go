@@ -86,6 +86,11 @@ type Options struct {
 	// MaxSandboxes caps the sandboxes alive at once; a new session's
 	// sandbox beyond it gets BUSY. 0 means no cap.
 	MaxSandboxes int
+	// SweepEvery runs the backend's sweep again at this interval while
+	// the server runs, not only at the start: where several servers share
+	// a cluster, the survivors remove what a server that died left, once
+	// its lease has run out. 0 means at the start only.
+	SweepEvery time.Duration
 
 	// With Policy.Network = allowlist, each sandbox gets its own internal
 	// network whose only way out is the egress proxy on its gateway. The
@@ -261,6 +266,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Warm > 0 {
 		m.wg.Add(1)
 		go m.fillLoop()
+	}
+	if opts.SweepEvery > 0 {
+		m.wg.Add(1)
+		go m.sweepLoop(opts.SweepEvery)
 	}
 	m.log.Info("ready", "image", opts.Image, "runtime_image", m.RuntimeImage())
 	return m, nil

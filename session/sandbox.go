@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -196,6 +197,9 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 		return ExecResult{}, err
 	}
 	req.job = s.jobOpts()
+	if req.OnStart != nil {
+		req.OnStart(strconv.FormatUint(req.job.id, 10))
+	}
 	res, err := inst.conn.exec(ctx, req)
 	return res, s.failed(inst, err)
 }

@@ -181,18 +181,7 @@ func newFakeRig(t *testing.T, edit func(*policy.Policy)) *fakeRig {
 	r := &fakeRig{t: t, f: f, sb: f.sb, log: &strings.Builder{}}
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, r.log}, nil))
-	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
-	Register(s, &Deps{Policy: p, Sessions: SessionsOver(f), Logger: logger})
-	st, ct := mcp.NewInMemoryTransports()
-	ctx := context.Background()
-	ss, err := s.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.cs, err = mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.cs.Close(); ss.Wait() })
+	r.cs = connect(t, &Deps{Policy: p, Sessions: SessionsOver(f), Logger: logger}, nil)
 	return r
 }
 

@@ -39,10 +39,14 @@ func main() {
 	readme := flag.String("readme", "", "`file` whose block between the bench markers gets the new table (README.md)")
 	only := flag.String("only", "", "comma list of `steps` to run, by a word of their name (\"read\" runs the 1 MiB read and write rows); all when empty")
 	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig `file` of a cluster for the Kubernetes rows (none: skipped)")
+	agentImage := flag.String("agent-image", "", "agent `image` for the Kubernetes rows (make k8s-images prints it)")
+	kubectl := flag.String("kubectl", "kubectl", "kubectl `binary` for the Kubernetes baseline")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "bench")
-	b := &bench{bin: *bin, image: *img, scale: *scale, log: log, only: *only}
+	b := &bench{bin: *bin, image: *img, scale: *scale, log: log, only: *only,
+		kube: &kubeBench{kubeconfig: *kubeconfig, agent: *agentImage, kubectl: *kubectl}}
 	if err := b.run(context.Background()); err != nil {
 		log.Error("bench failed", "err", err)
 		os.Exit(1)
@@ -67,6 +71,7 @@ type bench struct {
 	scale float64
 	log   *slog.Logger
 	only  string // comma list of words; a step runs when its name holds one (all when empty)
+	kube  *kubeBench
 
 	Machine Machine  `json:"machine"`
 	Rows    []Row    `json:"rows"`
@@ -127,6 +132,7 @@ func (b *bench) run(ctx context.Context) error {
 		{"memory per idle session", b.memory},
 		{"proxy", b.proxy},
 		{"secrets", b.secrets},
+		{"kubernetes", b.kubernetes},
 	}
 	for _, s := range steps {
 		if !b.selected(s.name) {

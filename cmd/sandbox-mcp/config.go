@@ -81,6 +81,8 @@ type Config struct {
 	AuditLog string
 	// ConfigFile is the file the configuration was read from, if any.
 	ConfigFile string
+	// Kube selects and configures the Kubernetes backend.
+	Kube KubeConfig
 }
 
 // flagSet binds every knob to a Config. Each flag's environment variable and
@@ -137,6 +139,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "JSON config `file`: an object whose keys are flag names (flags and the environment win over it)")
 	f.addTransportFlags(cfg)
+	f.addKubeFlags(cfg)
 	return f
 }
 
@@ -152,6 +155,7 @@ func defaultConfig(getenv func(string) string) Config {
 		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
 		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},
+		Kube:        KubeConfig{Backend: BackendDocker},
 	}
 }
 
@@ -312,7 +316,7 @@ func EnvVar(flagName string) string {
 
 // Validate checks the configuration, naming the flag to fix.
 func (c Config) Validate() error {
-	errs := []error{c.Policy.Validate()}
+	errs := []error{c.Policy.Validate(), c.validateKube()}
 	if c.Image == "" {
 		errs = append(errs, errors.New("--image is empty"))
 	}

@@ -65,11 +65,11 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 	}
 
 	// No tunnel may lead back to this listener.
-	m, cli, err := newManager(ctx, cfg, log, auditLog, addr.AddrPort())
+	m, release, err := newManager(ctx, cfg, log, auditLog, addr.AddrPort())
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
+	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	sessions.OwnerOf = httpguard.OwnerOf

@@ -319,6 +319,15 @@ func TestHTTPAuth(t *testing.T) {
 		}
 	}
 
+	// A session this process does not hold (its replica is gone, or the
+	// server restarted) is a 404, so clients start a new session, with a
+	// body that says why and what to do.
+	if r := s.do(http.MethodPost, "", with(bearerHeader(tokenA), "Mcp-Session-Id", "SESSIONOFAREPLICATHATDIED"), `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`); r.status != http.StatusNotFound ||
+		!strings.Contains(r.body, "UNAVAILABLE: this server does not hold that MCP session") || !strings.Contains(r.body, "initialize again") ||
+		!strings.Contains(r.body, `"id":3`) {
+		t.Errorf("unknown session: status %d, want 404 answering request 3 with UNAVAILABLE and to initialize again: %s", r.status, r.body)
+	}
+
 	// #13: DELETE ends a session; its id is dead afterwards.
 	if r := s.do(http.MethodDelete, "", with(bearerHeader(tokenA), "Mcp-Session-Id", id), ""); r.status != http.StatusNoContent {
 		t.Fatalf("DELETE: %d %s", r.status, r.body)

@@ -36,6 +36,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -179,19 +180,42 @@ func buildVersion() string {
 // newManager connects to the engine and prepares the sandboxes' runtime.
 // deny lists addresses the egress proxy must never reach (the MCP HTTP
 // listener); auditLog, if not nil, gets a record per proxy decision.
-func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, *client.Client, error) {
-	cli, err := client.New(client.FromEnv)
-	if err != nil {
-		return nil, nil, fmt.Errorf("docker client: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
-		cli.Close()
-		return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
+func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, func(), error) {
+	var (
+		cli     *client.Client
+		kb      *kube.Backend
+		release func()
+	)
+	instance := newInstanceID()
+	if cfg.Kube.Backend == BackendKubernetes {
+		var err error
+		if kb, err = newKubeBackend(cfg, instance, log); err != nil {
+			return nil, nil, fmt.Errorf("kubernetes backend: %w", err)
+		}
+		// After the manager removed its pods: the lease and policy go.
+		release = func() {
+			cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			if err := kb.Close(cctx); err != nil {
+				log.Warn("kubernetes backend: close", "err", err)
+			}
+		}
+	} else {
+		var err error
+		cli, err = client.New(client.FromEnv)
+		if err != nil {
+			return nil, nil, fmt.Errorf("docker client: %w", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+			cli.Close()
+			return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
+		}
+		release = func() { cli.Close() }
 	}
 	opts := session.Options{
-		Client:      cli,
+		Instance:    instance,
 		Image:       cfg.Image,
 		AgentBinary: cfg.AgentBin,
 		Policy:      cfg.Policy,
@@ -215,12 +239,20 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		opts.OnProxyDecision = func(d netproxy.Decision) { auditLog.Proxy(d) }
 		opts.OnSecretUse = func(u netproxy.SecretUse) { auditLog.SecretUse(u) }
 	}
+	if kb != nil {
+		opts.Backend = kb
+		// Replicas share the namespace: each sweeps again once a lease
+		// term, so a dead replica's pods go within two lease terms.
+		opts.SweepEvery = kube.DefaultLeaseDuration
+	} else {
+		opts.Client = cli
+	}
 	m, err := session.NewManager(ctx, opts)
 	if err != nil {
-		cli.Close()
+		release()
 		return nil, nil, err
 	}
-	return m, cli, nil
+	return m, release, nil
 }
 
 // newServer builds the MCP server with every tool and resource; auditLog, if
@@ -259,11 +291,11 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, auditLog *audit.Log) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	m, cli, err := newManager(ctx, cfg, log, auditLog)
+	m, release, err := newManager(ctx, cfg, log, auditLog)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
+	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	server := newServer(cfg, m, sessions, log, auditLog)

@@ -180,7 +180,7 @@ func TestSandboxCannotReachTheMCPPort(t *testing.T) {
 	h := startHTTP(t, httpOpts{addr: "0.0.0.0:0", args: []string{"--network", "allowlist", "--allow-host", name + ":1"},
 		env: []string{"SANDBOX_MCP_TOKEN=" + token}})
 	s := h.connect(token)
-	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; gw=${p%%:*}
+	script := fmt.Sprintf(`p=${HTTPS_PROXY##*@}; gw=${p%%:*}
 for target in "$gw %[1]s" "%[2]s %[1]s"; do
   printf 'GET /healthz HTTP/1.0\r\n\r\n' | nc -w 2 $target && echo "REACHED $target"
 done; true`, h.port, hostAddr(t))
@@ -217,7 +217,7 @@ func TestProxyDecisionsAudited(t *testing.T) {
 	s := startServer(t, serverOpts{args: []string{"--network", "allowlist", "--allow-host", fmt.Sprintf("%s:%d", name, port),
 		"--allow-private-networks", "--audit-log", audit}})
 	connect := func(target string) string {
-		script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n' | nc -w 2 ${p%%:*} ${p##*:} | head -1`, target)
+		script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; auth=$(printf %%s "${p%%@*}" | base64); p=${p#*@}; printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\nProxy-Authorization: Basic %%s\r\n\r\n' "$auth" | nc -w 2 ${p%%:*} ${p##*:} | head -1`, target)
 		return s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", script}})["stdout"].(string)
 	}
 	if got := connect(fmt.Sprintf("%s:%d", name, port)); !strings.Contains(got, "200") {
@@ -271,10 +271,10 @@ func TestProxyRefusalFloodIsBounded(t *testing.T) {
 	audit := filepath.Join(t.TempDir(), "audit.jsonl")
 	s := startServer(t, serverOpts{args: []string{"--network", "allowlist", "--allow-host", name + ":1", "--audit-log", audit}})
 	const loops, each = 10, 30
-	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}
+	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; auth=$(printf %%s "${p%%@*}" | base64); p=${p#*@}
 for j in $(seq %d); do
   ( for i in $(seq %d); do
-      printf "CONNECT blocked-$i.example:443 HTTP/1.1\r\n\r\n" | nc -w 2 ${p%%:*} ${p##*:} | head -1 >>/tmp/answers.$j
+      printf "CONNECT blocked-$i.example:443 HTTP/1.1\r\nProxy-Authorization: Basic $auth\r\n\r\n" | nc -w 2 ${p%%:*} ${p##*:} | head -1 >>/tmp/answers.$j
     done ) &
 done
 wait; cat /tmp/answers.* | grep -c '^HTTP/1.1 4'`, loops, each)

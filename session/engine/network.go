@@ -37,11 +37,16 @@ type sandboxNet struct {
 	stop             context.CancelFunc
 	served           chan struct{}
 	firewalled       bool
+	// token is the sandbox's proxy credential, in its proxy URL; the
+	// proxy checks it beside the client's address. revoke gives it back.
+	token  string
+	revoke func()
 }
 
-// proxyURL is the address sandboxed programs reach the proxy at.
+// proxyURL is the address sandboxed programs reach the proxy at, with the
+// sandbox's credential (http://sbx:TOKEN@gateway:port).
 func (n *sandboxNet) proxyURL() string {
-	return "http://" + netip.AddrPortFrom(n.gateway, uint16(n.port)).String()
+	return netproxy.ProxyURL(netip.AddrPortFrom(n.gateway, uint16(n.port)).String(), n.token)
 }
 
 // env is what a sandbox's programs need to find the proxy.
@@ -134,6 +139,8 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 		}
 		n.firewalled = true
 	}
+	n.token = netproxy.NewToken()
+	n.revoke = proxy.Grant(sandbox, n.token)
 	pctx, stop := context.WithCancel(context.Background())
 	n.stop, n.served = stop, make(chan struct{})
 	go func() {
@@ -151,6 +158,9 @@ func (d *Docker) closeNet(n *sandboxNet) {
 	if n.stop != nil {
 		n.stop()
 		<-n.served
+	}
+	if n.revoke != nil {
+		n.revoke()
 	}
 	if n.firewalled {
 		if err := d.fw.release(n.name); err != nil {

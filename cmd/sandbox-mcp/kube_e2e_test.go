@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+)
+
+// The acceptance tests of the Docker backend, on the Kubernetes backend:
+// the built binary with --backend kubernetes, driven by the go-sdk client,
+// against the real test node (they skip when none is up; .ci/run brings
+// one up).
+
+// kubeEnv is one test's namespace on the test node.
+type kubeEnv struct {
+	kubeconfig, ns, agent string
+	cs                    kubernetes.Interface
+}
+
+func newKubeEnv(t *testing.T) *kubeEnv {
+	t.Helper()
+	kc, rc := testenv.KubeNode(t)
+	return &kubeEnv{kubeconfig: kc, ns: testenv.KubeNamespace(t, rc), agent: testenv.KubeAgentImage(t),
+		cs: kubernetes.NewForConfigOrDie(rc)}
+}
+
+// args are the flags that put a server on the test node.
+func (k *kubeEnv) args(extra ...string) []string {
+	return append([]string{"--backend", "kubernetes", "--kubeconfig", k.kubeconfig, "--namespace", k.ns,
+		"--agent-image", k.agent, "--pull-policy", "Never"}, extra...)
+}
+
+// pods returns the sandbox pods of a sandbox (all sandboxes for "") that
+// are not being deleted, with their phases.
+func (k *kubeEnv) pods(t *testing.T, sandbox string) map[string]string {
+	t.Helper()
+	sel := kube.LabelRole + "=sandbox"
+	if sandbox != "" {
+		sel += "," + kube.LabelSandbox + "=" + sandbox
+	}
+	list, err := k.cs.CoreV1().Pods(k.ns).List(context.Background(), metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			out[p.Name] = string(p.Status.Phase)
+		}
+	}
+	return out
+}
+
+// waitNoPods waits until no pod of the sandbox is left (deleted, or being
+// deleted).
+func (k *kubeEnv) waitNoPods(t *testing.T, sandbox string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		left := k.pods(t, sandbox)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pods left after %v: %v", timeout, left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestKubeTools: tools, policy, confinement, timeouts with the kill-tree,
+// snapshots and their restore, on pods.
+func TestKubeTools(t *testing.T) {
+	k := newKubeEnv(t)
+	s := startServer(t, serverOpts{args: k.args("--exec", "allowlist", "--allow-cmd", "sh,cat,echo,ls,ps")})
+	out := s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "echo hi; echo err >&2; id -u; exit 4"}})
+	if out["exit_code"].(float64) != 4 || out["stdout"] != "hi\n1000\n" || out["stderr"] != "err\n" {
+		t.Fatalf("exec: %v", out)
+	}
+	id := out["sandbox"].(string)
+	if pods := k.pods(t, id); len(pods) != 1 {
+		t.Fatalf("pods of %s: %v", id, pods)
+	}
+	// Policy: a command off the allowlist never reaches the pod.
+	s.fails("sandbox_exec", map[string]any{"argv": []string{"id"}}, "POLICY_DENIED")
+	// Files, confined to the workspace.
+	s.ok("sandbox_write_file", map[string]any{"path": "dir/a.txt", "content": "one\n"})
+	if r := s.ok("sandbox_read_file", map[string]any{"path": "dir/a.txt"}); r["content"] != "one\n" {
+		t.Fatalf("read: %v", r)
+	}
+	s.fails("sandbox_read_file", map[string]any{"path": "../etc/passwd"}, "INVALID_ARGUMENT")
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "ln -s /etc/passwd /workspace/link"}})
+	s.fails("sandbox_read_file", map[string]any{"path": "link"}, "INVALID_ARGUMENT")
+	// A timeout kills the command and what it left behind.
+	res := s.call("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "(setsid sh -c 'sleep 301' &); echo partial; sleep 300"}, "timeout_ms": 1000})
+	if !res.IsError || !strings.HasPrefix(text(res), "TIMEOUT: ") {
+		t.Fatalf("timeout: %s", text(res))
+	}
+	if ps := s.ok("sandbox_exec", map[string]any{"argv": []string{"ps", "-o", "args"}}); strings.Contains(ps["stdout"].(string), "sleep 30") {
+		t.Fatalf("the kill-tree left processes:\n%s", ps["stdout"])
+	}
+	// Snapshot, change, restore.
+	snap := s.ok("sandbox_snapshot", map[string]any{"label": "v1"})
+	s.ok("sandbox_write_file", map[string]any{"path": "dir/a.txt", "content": "two\n"})
+	s.ok("sandbox_restore", map[string]any{"id": snap["id"]})
+	if r := s.ok("sandbox_read_file", map[string]any{"path": "dir/a.txt"}); r["content"] != "one\n" {
+		t.Fatalf("after restore: %v", r)
+	}
+	// The session's end removes the pod.
+	s.cs.Close()
+	k.waitNoPods(t, id, 30*time.Second)
+}
+
+// TestKubeLostPod: a pod deleted from outside is reported as lost, and the
+// next call gets a fresh pod restored from the latest snapshot.
+func TestKubeLostPod(t *testing.T) {
+	k := newKubeEnv(t)
+	s := startServer(t, serverOpts{args: k.args()})
+	id := s.ok("sandbox_write_file", map[string]any{"path": "keep.txt", "content": "kept"})["sandbox"].(string)
+	s.ok("sandbox_snapshot", nil)
+	for name := range k.pods(t, id) {
+		zero := int64(0)
+		if err := k.cs.CoreV1().Pods(k.ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server learns of the loss when the exec stream ends; the call
+	// that meets it is UNAVAILABLE, and a later one restores.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res := s.call("sandbox_read_file", map[string]any{"path": "keep.txt"})
+		if !res.IsError {
+			if got := res.StructuredContent.(map[string]any)["content"]; got != "kept" {
+				t.Fatalf("after the loss: %v", got)
+			}
+			break
+		}
+		if !strings.HasPrefix(text(res), "UNAVAILABLE: ") {
+			t.Fatalf("lost pod: %s", text(res))
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no fresh pod after the loss")
+		}
+	}
+	if pods := k.pods(t, id); len(pods) != 1 {
+		t.Fatalf("pods after recovery: %v", pods)
+	}
+}
+
+// TestKubeKilledServerSwept: after kill -9 the pod loses its stream and
+// ends; the next server's sweep leaves no pod.
+func TestKubeKilledServerSwept(t *testing.T) {
+	k := newKubeEnv(t)
+	a := startServer(t, serverOpts{args: k.args()})
+	id := a.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "sleep 1000 &"}})["sandbox"].(string)
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	a.cs.Wait()
+	// The pod ends by itself (its agent saw the stream close)...
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		phases := k.pods(t, id)
+		running := false
+		for _, ph := range phases {
+			running = running || ph == "Running" || ph == "Pending"
+		}
+		if !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod still runs after its server was killed: %v", phases)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// ...and a new server sweeps it.
+	b := startServer(t, serverOpts{args: k.args()})
+	b.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+	k.waitNoPods(t, id, 30*time.Second)
+}
+
+// TestKubeNetwork: --network=none reaches nothing; with the allowlist, the
+// proxy (found through HTTPS_PROXY, with the sandbox's credential) is the
+// only way out, and it refuses a request without the credential.
+func TestKubeNetwork(t *testing.T) {
+	k := newKubeEnv(t)
+	const nodeIP = "100.72.0.1"
+	target, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	go func() {
+		for {
+			c, err := target.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello from target\n"))
+			c.Close()
+		}
+	}()
+	tport := target.Addr().(*net.TCPAddr).Port
+	other, err := net.Listen("tcp", nodeIP+":0")
+	if err != nil {
+		t.Skipf("cannot listen on the node's pod-network address: %v", err)
+	}
+	defer other.Close()
+	oport := other.Addr().(*net.TCPAddr).Port
+	pl, err := net.Listen("tcp", nodeIP+":0") // a free port for the proxy
+	if err != nil {
+		t.Fatal(err)
+	}
+	pport := pl.Addr().(*net.TCPAddr).Port
+	pl.Close()
+
+	none := startServer(t, serverOpts{args: k.args()})
+	out := none.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", fmt.Sprintf("nc -w 3 %s %d </dev/null && echo open || echo closed", nodeIP, oport)}})
+	if out["stdout"] != "closed\n" {
+		t.Errorf("network none reached the node: %v", out)
+	}
+
+	proxy := fmt.Sprintf("%s:%d", nodeIP, pport)
+	al := startServer(t, serverOpts{args: k.args("--network", "allowlist", "--allow-host", fmt.Sprintf("localhost:%d", tport),
+		"--allow-private-networks", "--proxy-listen", proxy, "--proxy-advertise", proxy)})
+	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; cred=${p%%@*}; hp=${p#*@}
+auth=$(printf %%s "$cred" | base64)
+printf 'CONNECT localhost:%[1]d HTTP/1.1\r\nHost: localhost:%[1]d\r\nProxy-Authorization: Basic %%s\r\n\r\n' "$auth" | nc -w 3 ${hp%%:*} ${hp##*:}
+echo ---
+printf 'CONNECT localhost:%[1]d HTTP/1.1\r\nHost: localhost:%[1]d\r\n\r\n' | nc -w 3 ${hp%%:*} ${hp##*:} | head -1
+echo ---
+nc -w 3 %[2]s %[3]d </dev/null && echo open || echo closed`, tport, nodeIP, oport)
+	out = al.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", script}, "timeout_ms": 30000})
+	parts := strings.Split(out["stdout"].(string), "---\n")
+	if len(parts) != 3 || !strings.Contains(parts[0], "200") || !strings.Contains(parts[0], "hello from target") {
+		t.Fatalf("through the proxy with the credential:\n%v", out)
+	}
+	if !strings.Contains(parts[1], "407") {
+		t.Errorf("without the credential: %q, want 407", parts[1])
+	}
+	if parts[2] != "closed\n" {
+		t.Errorf("an allowlist pod reached another port of the node: %q", parts[2])
+	}
+}

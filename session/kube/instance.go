@@ -1,0 +1,125 @@
+package kube
+
+import (
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Sandbox is one running sandbox pod with the agent's exec stream open.
+type Sandbox struct {
+	name   string
+	c      *Cluster
+	stdin  *io.PipeWriter
+	stdinR *io.PipeReader
+	stdout *io.PipeReader
+	stderr *tailWriter
+	cancel context.CancelFunc
+
+	done      chan struct{} // the exec stream ended
+	streamErr error         // why; set before done closes
+
+	removeErr error
+	removed   chan struct{}
+	removeMu  sync.Mutex
+}
+
+// Name is the pod's name.
+func (p *Sandbox) Name() string { return p.name }
+
+// Stdout is the agent's frames. It ends when the exec stream ends.
+func (p *Sandbox) Stdout() io.Reader { return p.stdout }
+
+// Stdin is the agent's input; closing it ends the agent, which then ends
+// the pod.
+func (p *Sandbox) Stdin() io.WriteCloser { return p.stdin }
+
+// Done is closed when the agent's stream has ended.
+func (p *Sandbox) Done() <-chan struct{} { return p.done }
+
+// StderrTail is the last lines the agent wrote to its stderr, or "none".
+func (p *Sandbox) StderrTail() string { return p.stderr.tail() }
+
+// Remove ends the stream and deletes the pod, and waits for the stream to
+// end. Safe to call more than once and concurrently.
+func (p *Sandbox) Remove(ctx context.Context) error {
+	p.removeMu.Lock()
+	if p.removed == nil {
+		p.removed = make(chan struct{})
+		p.removeMu.Unlock()
+		p.stdin.Close()
+		p.removeErr = p.c.deletePod(ctx, p.name)
+		// The pod's deletion ends the exec; cancel in case the API server
+		// is not reachable any more.
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			p.cancel()
+			<-p.done
+		}
+		p.cancel()
+		close(p.removed)
+		if p.removeErr != nil {
+			p.removeErr = apiError("delete sandbox pod "+p.name, p.removeErr)
+		}
+		return p.removeErr
+	}
+	ch := p.removed
+	p.removeMu.Unlock()
+	select {
+	case <-ch:
+		return p.removeErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// tailWriter keeps the last lines written to it, bounded.
+type tailWriter struct {
+	mu    sync.Mutex
+	buf   []byte
+	lines []string
+}
+
+const (
+	maxTailLine  = 512
+	keptTailLine = 8
+)
+
+func (t *tailWriter) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range b {
+		if c == '\n' || len(t.buf) >= maxTailLine {
+			t.emit()
+			if c == '\n' {
+				continue
+			}
+		}
+		t.buf = append(t.buf, c)
+	}
+	return len(b), nil
+}
+
+func (t *tailWriter) emit() {
+	if len(t.buf) == 0 {
+		return
+	}
+	t.lines = append(t.lines, string(t.buf))
+	t.buf = t.buf[:0]
+	if len(t.lines) > keptTailLine {
+		t.lines = t.lines[1:]
+	}
+}
+
+func (t *tailWriter) tail() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.emit()
+	if len(t.lines) == 0 {
+		return "none"
+	}
+	return strings.Join(t.lines, " | ")
+}

@@ -1,0 +1,212 @@
+package kube
+
+import (
+	"fmt"
+	"maps"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Paths and names inside every sandbox pod.
+const (
+	// WorkspaceDir is the sandbox's workspace, an emptyDir in memory.
+	WorkspaceDir = "/workspace"
+	// AgentDir is where the sandbox container sees the agent volume.
+	AgentDir = "/.sandbox-mcp"
+	// AgentPath is the agent inside the sandbox container.
+	AgentPath = AgentDir + "/sandbox-agent"
+	// AgentImagePath is the agent inside the agent image.
+	AgentImagePath = "/sandbox-agent"
+
+	// SandboxContainer and AgentContainer name the pod's containers.
+	SandboxContainer = "sandbox"
+	AgentContainer   = "agent"
+
+	// AgentVolumeBytes bounds the agent volume (the static agent is ~10 MB).
+	AgentVolumeBytes = 64 << 20
+	// DefaultEphemeralBytes bounds what the pod may write to the node's
+	// disk outside its memory volumes: the agent volume and the kubelet's
+	// bookkeeping (the root filesystem is read-only, the container logs
+	// stay empty).
+	DefaultEphemeralBytes = 128 << 20
+)
+
+// Labels put on every object the backend makes. They are valid label keys
+// and have the same names as the Docker backend's.
+const (
+	LabelManaged  = "io.sandbox-mcp"          // "1"
+	LabelInstance = "io.sandbox-mcp.instance" // the server instance (its Lease's name)
+	LabelSandbox  = "io.sandbox-mcp.sandbox"  // the sandbox id
+	LabelRole     = "io.sandbox-mcp.role"     // "sandbox" on sandbox pods
+	// AnnotationOwner records the server process that made the pod:
+	// hostname, pid and start time, as the Docker backend's labels do.
+	AnnotationOwner = "sandbox-mcp.io/owner"
+	// AnnotationCreated is the pod's creation time by the server (RFC 3339).
+	AnnotationCreated = "sandbox-mcp.io/created"
+)
+
+// Params are the inputs of Pod. Every field comes from the server's options
+// and policy; nothing here comes from a tool argument.
+type Params struct {
+	Name       string // pod name (a DNS label)
+	Namespace  string
+	Image      string // the sandbox image, any image the cluster can run
+	AgentImage string // the agent image (FROM scratch + static sandbox-agent)
+	// PullPolicy for both images; "" means IfNotPresent.
+	PullPolicy corev1.PullPolicy
+
+	Labels      map[string]string // LabelManaged and friends included
+	Annotations map[string]string
+
+	UID, GID int      // the non-root user everything in the pod runs as
+	Env      []string // the sandbox's whole environment (NAME=VALUE)
+
+	WorkspaceBytes int64 // sizeLimit of the /workspace emptyDir (memory)
+	TmpBytes       int64 // sizeLimit of the /tmp emptyDir (memory)
+	ReadOnly       bool  // mount /workspace read-only
+	Memory         int64 // memory limit (and request), bytes
+	NanoCPUs       int64 // CPU limit (and request), 1e-9 CPUs
+	// EphemeralBytes is the ephemeral-storage limit; 0 means
+	// DefaultEphemeralBytes.
+	EphemeralBytes int64
+	// Network is NetworkNone (no traffic in or out) or NetworkProxy (out to
+	// the server's proxy only); "" means NetworkNone. The NetworkPolicies
+	// select pods by it.
+	Network string
+	// RuntimeClass is the pod's runtimeClassName ("" for the cluster's
+	// default; "gvisor", "kata" where the cluster offers them).
+	RuntimeClass string
+}
+
+// Pod builds the sandbox pod. It is pure.
+//
+// Both containers satisfy Pod Security "restricted": non-root numeric user,
+// no privilege escalation, every capability dropped, RuntimeDefault seccomp,
+// read-only root filesystem. The pod mounts no service-account token, gets
+// no service links, and never restarts: a sandbox that ends is gone, and the
+// server recovers it from a snapshot.
+func Pod(p Params) *corev1.Pod {
+	no, yes := false, true
+	uid, gid := int64(p.UID), int64(p.GID)
+	grace := int64(1)
+	pull := p.PullPolicy
+	if pull == "" {
+		pull = corev1.PullIfNotPresent
+	}
+	eph := p.EphemeralBytes
+	if eph == 0 {
+		eph = DefaultEphemeralBytes
+	}
+	sc := func() *corev1.SecurityContext {
+		return &corev1.SecurityContext{
+			RunAsUser:                &uid,
+			RunAsGroup:               &gid,
+			RunAsNonRoot:             &yes,
+			AllowPrivilegeEscalation: &no,
+			Privileged:               &no,
+			ReadOnlyRootFilesystem:   &yes,
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		}
+	}
+	limits := corev1.ResourceList{
+		corev1.ResourceMemory:           *resource.NewQuantity(p.Memory, resource.BinarySI),
+		corev1.ResourceCPU:              *resource.NewMilliQuantity(max(p.NanoCPUs/1_000_000, 1), resource.DecimalSI),
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(eph, resource.BinarySI),
+	}
+	memDir := func(size int64) corev1.VolumeSource {
+		return corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(size, resource.BinarySI)}}
+	}
+	initLimits := corev1.ResourceList{
+		corev1.ResourceMemory:           resource.MustParse("32Mi"),
+		corev1.ResourceCPU:              resource.MustParse("100m"),
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(AgentVolumeBytes, resource.BinarySI),
+	}
+	labels := maps.Clone(p.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelNetwork] = NetworkNone
+	if p.Network == NetworkProxy {
+		labels[LabelNetwork] = NetworkProxy
+	}
+	pod := &corev1.Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        p.Name,
+			Namespace:   p.Namespace,
+			Labels:      labels,
+			Annotations: maps.Clone(p.Annotations),
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			TerminationGracePeriodSeconds: &grace,
+			Hostname:                      "sandbox",
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsUser:      &uid,
+				RunAsGroup:     &gid,
+				RunAsNonRoot:   &yes,
+				FSGroup:        &gid,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			InitContainers: []corev1.Container{{
+				Name:                     AgentContainer,
+				Image:                    p.AgentImage,
+				ImagePullPolicy:          pull,
+				Command:                  []string{AgentImagePath, "install", AgentPath},
+				SecurityContext:          sc(),
+				Resources:                corev1.ResourceRequirements{Limits: initLimits, Requests: initLimits},
+				VolumeMounts:             []corev1.VolumeMount{{Name: "agent", MountPath: AgentDir}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+			Containers: []corev1.Container{{
+				Name:            SandboxContainer,
+				Image:           p.Image,
+				ImagePullPolicy: pull,
+				Command:         []string{AgentPath, "hold"},
+				WorkingDir:      WorkspaceDir,
+				Env:             envVars(p.Env),
+				SecurityContext: sc(),
+				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: limits},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "workspace", MountPath: WorkspaceDir, ReadOnly: p.ReadOnly},
+					{Name: "tmp", MountPath: "/tmp"},
+					{Name: "agent", MountPath: AgentDir, ReadOnly: true},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: "workspace", VolumeSource: memDir(p.WorkspaceBytes)},
+				{Name: "tmp", VolumeSource: memDir(p.TmpBytes)},
+				{Name: "agent", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					SizeLimit: resource.NewQuantity(AgentVolumeBytes, resource.BinarySI)}}},
+			},
+		},
+	}
+	if p.RuntimeClass != "" {
+		rc := p.RuntimeClass
+		pod.Spec.RuntimeClassName = &rc
+	}
+	return pod
+}
+
+// AgentCommand is the command the server execs in the sandbox container to
+// run the agent: as the pod's user, unprivileged, ending the pod with it.
+func AgentCommand(uid, gid int) []string {
+	return []string{AgentPath, fmt.Sprintf("-user=%d:%d", uid, gid), "-unprivileged", "-stop-init"}
+}
+
+// envVars turns NAME=VALUE pairs into the pod's env list, in order.
+func envVars(env []string) []corev1.EnvVar {
+	out := make([]corev1.EnvVar, 0, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		out = append(out, corev1.EnvVar{Name: k, Value: v})
+	}
+	return out
+}
