@@ -97,9 +97,9 @@ func TestKubeTools(t *testing.T) {
 	if r := s.ok("sandbox_read_file", map[string]any{"path": "dir/a.txt"}); r["content"] != "one\n" {
 		t.Fatalf("read: %v", r)
 	}
-	s.fails("sandbox_read_file", map[string]any{"path": "../etc/passwd"}, "INVALID_ARGUMENT")
-	s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "ln -s /etc/passwd /workspace/link"}})
-	s.fails("sandbox_read_file", map[string]any{"path": "link"}, "INVALID_ARGUMENT")
+	s.fails("sandbox_read_file", map[string]any{"path": "../etc/passwd"}, "OUTSIDE_WORKSPACE")
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "ln -s /etc /workspace/link"}})
+	s.fails("sandbox_read_file", map[string]any{"path": "link/passwd"}, "OUTSIDE_WORKSPACE")
 	// A timeout kills the command and what it left behind.
 	res := s.call("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "(setsid sh -c 'sleep 301' &); echo partial; sleep 300"}, "timeout_ms": 1000})
 	if !res.IsError || !strings.HasPrefix(text(res), "TIMEOUT: ") {
