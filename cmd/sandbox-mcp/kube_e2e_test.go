@@ -251,3 +251,33 @@ nc -w 3 %[2]s %[3]d </dev/null && echo open || echo closed`, tport, nodeIP, opor
 		t.Errorf("an allowlist pod reached another port of the node: %q", parts[2])
 	}
 }
+
+// TestKubeWarmPoolAndIdleReap: with --warm 1 a pod waits ahead of need and
+// serves the first call; an idle sandbox's pod is saved and removed, and
+// the next call gets a fresh pod restored from that snapshot.
+func TestKubeWarmPoolAndIdleReap(t *testing.T) {
+	k := newKubeEnv(t)
+	s := startServer(t, serverOpts{args: k.args("--warm", "1", "--idle-timeout", "4s", "--cpus", "0.5")})
+	// The pool fills before any call.
+	deadline := time.Now().Add(60 * time.Second)
+	for len(k.pods(t, "")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the warm pool made no pod")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	id := s.ok("sandbox_write_file", map[string]any{"path": "note.txt", "content": "before the reap"})["sandbox"].(string)
+	// The idle reaper saves the workspace and removes the pod.
+	k.waitNoPods(t, id, 60*time.Second)
+	// The first call after it says so (as with Docker); the next restores.
+	if msg := s.fails("sandbox_read_file", map[string]any{"path": "note.txt"}, "UNAVAILABLE"); !strings.Contains(msg, "--idle-timeout") {
+		t.Errorf("after the reap: %s", msg)
+	}
+	r := s.ok("sandbox_read_file", map[string]any{"path": "note.txt"})
+	if r["content"] != "before the reap" || r["sandbox"] != id {
+		t.Fatalf("after the idle reap: %v", r)
+	}
+	if pods := k.pods(t, id); len(pods) != 1 {
+		t.Fatalf("pods of the restored sandbox: %v", pods)
+	}
+}
