@@ -5,6 +5,14 @@
 // and restores files confined to the workspace (package workspace does the
 // file operations).
 //
+// Every command runs as a job (jobs.go): its output is read to the end
+// whatever the caps, so the command never blocks on a full pipe, and kept
+// per stream in a ring (ring.go) for later reads from any offset. A
+// background job answers at once and runs until it ends, is signalled, or
+// the connection ends; at most MaxJobs run at once, and the newest MaxJobs
+// ended ones are kept. When the connection ends, every job's process tree
+// is killed.
+//
 // Only cmd/sandbox-agent links this package: the server talks to it over the
 // protocol alone, and it imports none of the server's packages.
 //

@@ -339,7 +339,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 	}
 	res.ExitCode, res.Signal = st.ExitCode, st.Signal
 	if err := s.send(c.id, agentproto.KindExit, res, nil); err != nil {
-		s.log.Warn("agent: send exit", "id", c.id, "err", err)
+		s.log.Warn("send exit", "id", c.id, "err", err)
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		return fmt.Errorf("agent: unprivileged, the agent must run as the sandbox user %d; it runs as %d %d %d", opts.User.UID, r, e, sv)
 	}
 	if _, ok := readStatus(os.Getpid()); !ok {
-		log.Warn("agent: /proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
+		log.Warn("/proc/<pid>/status shows no supplementary groups here (a runtime that emulates /proc?); a timeout or cancel kills only a command's process group")
 	}
 	ws, err := workspace.Open(opts.Workspace)
 	if err != nil {
@@ -166,7 +166,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		case err := <-readErr:
 			s.stopAll()
 			if errors.Is(err, io.EOF) {
-				log.Info("agent: server closed the stream")
+				log.Info("server closed the stream")
 				return nil
 			}
 			return fmt.Errorf("agent: read frame: %w", err)
@@ -188,7 +188,7 @@ func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc)
 		case now := <-t.C:
 			ttl := s.leaseTTL.Load()
 			if ttl > 0 && now.UnixNano()-s.lastFrame.Load() > ttl {
-				s.log.Warn("agent: lease expired; ending the sandbox", "ttl", time.Duration(ttl))
+				s.log.Warn("lease expired; ending the sandbox", "ttl", time.Duration(ttl))
 				cancel(fmt.Errorf("%w (%s)", ErrLeaseExpired, time.Duration(ttl)))
 				return
 			}
@@ -229,7 +229,7 @@ func (s *server) sendError(id uint64, err error) {
 		pe.Message = strings.ToValidUTF8(pe.Message[:maxErrorMessage], "") + "..."
 	}
 	if werr := s.send(id, agentproto.KindError, pe, nil); werr != nil {
-		s.log.Warn("agent: send error frame", "id", id, "err", werr)
+		s.log.Warn("send error frame", "id", id, "err", werr)
 	}
 }
 
@@ -242,7 +242,7 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		}
 	case agentproto.KindPing:
 		if err := s.send(f.ID, agentproto.KindPong, nil, nil); err != nil {
-			s.log.Warn("agent: send pong", "err", err)
+			s.log.Warn("send pong", "err", err)
 		}
 	case agentproto.KindData, agentproto.KindEOF:
 		s.mu.Lock()
@@ -347,6 +347,12 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 			res, err := s.ws.Snapshot(dst, req.Limits)
 			s.finish(c.id, res, err)
 		})
+	case agentproto.KindSetup:
+		var req agentproto.SetupRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			res, err := s.setup(req)
+			s.finish(c.id, res, err)
+		})
 	case agentproto.KindRestore:
 		var req agentproto.RestoreRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
@@ -411,7 +417,7 @@ func (s *server) finish(id uint64, res any, err error) {
 		return
 	}
 	if err := s.send(id, agentproto.KindResult, res, nil); err != nil {
-		s.log.Warn("agent: send result", "id", id, "err", err)
+		s.log.Warn("send result", "id", id, "err", err)
 		if errors.Is(err, agentproto.ErrNotSent) {
 			// The request still gets its terminal frame.
 			s.sendError(id, fmt.Errorf("the result could not be sent: %v", err))

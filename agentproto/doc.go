@@ -31,10 +31,15 @@
 //
 //  1. The agent sends KindHello (id 0) with the protocol Version it speaks.
 //     The server refuses to go on if the version differs.
-//  2. The server sends requests (exec, read, write, list, resolve, snapshot,
-//     restore, ping). Each request is answered by zero or more streaming
+//  2. The server sends requests (setup, exec, read, write, list, resolve,
+//     snapshot, restore, ping); setup, when the sandbox needs it, comes
+//     first. Each request is answered by zero or more streaming
 //     frames (stdout, stderr, data) and ends with exactly one terminal frame:
 //     exit (for exec), result, or error.
+//     An exec runs as a job (ExecRequest.Job): the agent keeps its output,
+//     and job requests read it later from any offset, write its stdin, and
+//     signal or wait for it; a background exec answers at once with the
+//     job's status, and jobs lists them.
 //  3. Requests that carry bulk input (exec with stdin, write, restore) are
 //     followed by data frames from the server and one eof frame.
 //  4. The server may send cancel for any request in flight; the agent then

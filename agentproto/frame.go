@@ -51,6 +51,11 @@ import (
 //     starts and, for lines, which lines it holds and how many the file
 //     has. A version 2 agent would ignore start_line and send bytes from
 //     offset 0.
+//     Also the setup request (SetupRequest, answered by
+//     SetupResult): the server sends its egress proxy's CA certificate and
+//     the agent writes a CA bundle (the image's roots and that
+//     certificate) before any command runs. A version 2 agent answers it
+//     with an error, and the sandbox's programs would not trust the proxy.
 const Version = 3
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
@@ -128,6 +133,11 @@ const (
 	// KindRestore S→A: body RestoreRequest, then data frames with a tar
 	// stream and eof. Answered by KindResult with RestoreResult.
 	KindRestore Kind = "restore"
+
+	// KindSetup S→A: body SetupRequest. Sent after the lease, before any
+	// other request, when the sandbox needs it. Answered by KindResult with
+	// SetupResult.
+	KindSetup Kind = "setup"
 
 	// KindData carries a chunk of bulk data in its payload, either way.
 	KindData Kind = "data"

@@ -24,7 +24,9 @@ var samples = map[string]any{
 		UIDs: [3]int{0, 1000, 0}, GIDs: [3]int{0, 1000, 0}, CommandUID: 1000, CommandGID: 1000,
 		CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
 	},
-	"lease": Lease{TTLMillis: 60_000},
+	"lease":         Lease{TTLMillis: 60_000},
+	"setup_request": SetupRequest{CACerts: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
+	"setup_result":  SetupResult{CABundle: CABundlePath, SystemRoots: "/etc/ssl/certs/ca-certificates.crt"},
 	"exec_request": ExecRequest{
 		Path: "/bin/ls", Argv: []string{"ls", "-l"}, Cwd: "src", Env: []string{"A=1"},
 		TimeoutMillis: 60_000, MaxOutput: 32 << 10, Stdin: true,
@@ -72,7 +74,7 @@ var samples = map[string]any{
 	// The kinds are the wire's vocabulary too.
 	"kinds": []Kind{
 		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
-		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore,
+		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore, KindSetup,
 		KindData, KindEOF, KindCancel, KindResult, KindError,
 	},
 }

@@ -34,6 +34,29 @@ type Lease struct {
 	TTLMillis int64 `json:"ttl_ms"`
 }
 
+// SetupRequest prepares the container before any command runs.
+type SetupRequest struct {
+	// CACerts is PEM certificates the sandbox's programs must trust besides
+	// the image's roots: the egress proxy's CA, which signs the
+	// certificates of the hosts whose requests it adds secrets to. Never a
+	// key. The agent writes the image's roots and these to CABundlePath.
+	CACerts string `json:"ca_certs"`
+}
+
+// SetupResult ends a setup.
+type SetupResult struct {
+	// CABundle is the path of the bundle written ("" if CACerts was empty).
+	CABundle string `json:"ca_bundle"`
+	// SystemRoots is the image's root file the bundle starts with, "" if
+	// the image has none (the bundle then holds only CACerts).
+	SystemRoots string `json:"system_roots"`
+}
+
+// CABundlePath is where the agent writes the CA bundle: under /tmp, a
+// tmpfs that is writable with a read-only root filesystem, in a directory
+// of its own. The server points SSL_CERT_FILE and the like at it.
+const CABundlePath = "/tmp/.sandbox-mcp/ca-bundle.pem"
+
 // ExecRequest runs one program.
 type ExecRequest struct {
 	// Path is the absolute program to execute; Argv[0] is passed unchanged.
@@ -306,6 +329,25 @@ type Limits struct {
 	MaxBytes   int64 `json:"max_bytes"`   // bytes of tar stream
 	MaxEntries int   `json:"max_entries"` // headers
 	MaxDepth   int   `json:"max_depth"`   // path components
+}
+
+// Workspace is where a sandbox's workspace is: the server mounts it there,
+// and the agent serves it from there (unless SANDBOX_MCP_WORKSPACE names
+// another directory). Paths in messages are relative to it.
+const Workspace = "/workspace"
+
+// The caps on a workspace tree carried as a tar stream, whichever way it
+// goes (a snapshot out, a restore in, the seed of --workspace-from): at most
+// MaxTreeEntries entries, at most MaxTreeDepth path components deep.
+const (
+	MaxTreeEntries = 1 << 20
+	MaxTreeDepth   = 256
+)
+
+// TreeLimits returns the Limits of a workspace tree's tar stream of at most
+// maxBytes.
+func TreeLimits(maxBytes int64) Limits {
+	return Limits{MaxBytes: maxBytes, MaxEntries: MaxTreeEntries, MaxDepth: MaxTreeDepth}
 }
 
 // SnapshotRequest asks for a tar stream of the whole workspace.

@@ -93,7 +93,7 @@ func TestParseAllowlistReportsEveryBadEntry(t *testing.T) {
 	}
 }
 
-// Row 39: an empty list denies everything; a nil list too.
+// Proxy case 39: an empty list denies everything; a nil list too.
 func TestEmptyAllowlistDeniesAll(t *testing.T) {
 	empty, err := ParseAllowlist(nil)
 	if err != nil {

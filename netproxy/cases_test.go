@@ -11,22 +11,21 @@ import (
 
 var itoa = strconv.Itoa
 
-// Table tests for the proxy cases of reference/security-cases.md §2, run
-// against a live Proxy on loopback with the §2 allowlist
-// {api.example.com:443, *.pkg.example.org:443}, a fake resolver and a
-// recording dialer. "Deny" means the expected status, the expected reason,
-// exactly one decision record, and zero dials.
+// Table tests for the egress proxy's cases in docs/attack-cases.md (the
+// "proxy case" numbers below are that table's), run against a live Proxy on
+// loopback with the allowlist {api.example.com:443, *.pkg.example.org:443},
+// a fake resolver and a recording dialer. "Deny" means the expected status,
+// the expected reason, exactly one decision record, and zero dials.
 //
-// Rows 29-30 (DNS from inside the container) and 50-52 (direct TCP from the
-// container, the gateway's other ports, other sandboxes) are properties of the
-// Docker network, not of this package; they are tested against Docker
-// elsewhere. Row 47 does not apply: sandboxes are told apart by listener, not
-// by Proxy-Authorization (which is ignored and never logged, see
-// TestProxyAuthorizationNotLogged). Row 48 (SNI / domain fronting) is an
-// accepted residual risk documented in the package doc: the proxy does not
-// read the tunnelled bytes.
+// Cases 29-30 (DNS from inside the container) and 50-52 (direct TCP from
+// the container, the gateway's other ports, other sandboxes) are properties
+// of the Docker network, not of this package; they are tested against Docker
+// in session. Case 47 does not apply: sandboxes are told apart by listener,
+// not by Proxy-Authorization (which is ignored and never logged, see
+// TestLogRecords). Case 48 (SNI / domain fronting) is tested with the
+// ClientHello check, in TestTunnelSNICheck.
 
-// specialAddrs are rows 1-15: each address, as a CONNECT IP literal and as
+// specialAddrs are proxy cases 1-15: each address, as a CONNECT IP literal and as
 // the DNS answer for an allowed name, with the class Classify gives it.
 var specialAddrs = []struct {
 	row   int
@@ -90,8 +89,8 @@ func literal(a string) string {
 	return a
 }
 
-func TestRows1to17IPLiteralsRefused(t *testing.T) {
-	lits := []string{"8.8.8.8", "2001:4860:4860::8888", "100.63.255.255"} // row 17, public
+func TestSpecialIPLiteralsRefused(t *testing.T) {
+	lits := []string{"8.8.8.8", "2001:4860:4860::8888", "100.63.255.255"} // proxy case 17: public
 	for _, s := range specialAddrs {
 		lits = append(lits, s.addr)
 	}
@@ -108,7 +107,7 @@ func TestRows1to17IPLiteralsRefused(t *testing.T) {
 	}
 }
 
-func TestRows1to15SpecialAnswersRefused(t *testing.T) {
+func TestNamesResolvingToSpecialAddressesRefused(t *testing.T) {
 	for _, s := range specialAddrs {
 		t.Run(s.addr, func(t *testing.T) {
 			h := newHarness(t, Config{})
@@ -129,8 +128,8 @@ func TestRows1to15SpecialAnswersRefused(t *testing.T) {
 	}
 }
 
-// Row 12: the addresses just outside CGNAT are public and go through.
-func TestRow12CGNATNeighboursAllowed(t *testing.T) {
+// Proxy case 12: the addresses just outside CGNAT are public and go through.
+func TestCGNATNeighboursArePublic(t *testing.T) {
 	for _, a := range []string{"100.63.255.255", "100.128.0.1", "168.63.129.15", "2001:4860:4860::8888"} {
 		t.Run(a, func(t *testing.T) {
 			h := newHarness(t, Config{})
@@ -230,7 +229,7 @@ func runReqCases(t *testing.T, cases []reqCase) {
 	}
 }
 
-func TestRows18to21NamesRefusedBeforeDNS(t *testing.T) {
+func TestNumericHostsRefusedBeforeDNS(t *testing.T) {
 	const numeric = "ends in a number"
 	const nonASCII = "not ASCII"
 	var cases []reqCase
@@ -248,9 +247,9 @@ func TestRows18to21NamesRefusedBeforeDNS(t *testing.T) {
 	runReqCases(t, cases)
 }
 
-// Row 21, second half: an allowed name that resolves to loopback is still
+// Proxy case 21, second half: an allowed name that resolves to loopback is still
 // refused, with the real pure-Go resolver reading /etc/hosts.
-func TestRow21LocalhostAllowedButResolvesToLoopback(t *testing.T) {
+func TestAllowedLocalhostStillRefusedForLoopback(t *testing.T) {
 	canary := startServer(t, "tcp", "127.0.0.1:0", nil)
 	port := canary.port()
 	h := newHarness(t, Config{Allow: mustAllowlist(t, "localhost:"+itoa(port))}, realDialer,
@@ -264,7 +263,7 @@ func TestRow21LocalhostAllowedButResolvesToLoopback(t *testing.T) {
 	}
 }
 
-func TestRows22to28DNS(t *testing.T) {
+func TestDNSAnswersClassified(t *testing.T) {
 	t.Run("22 allowed name resolves to loopback", func(t *testing.T) {
 		h := newHarness(t, Config{})
 		h.res.setAddrs("api.example.com", "127.0.0.1")
@@ -329,9 +328,9 @@ func TestRows22to28DNS(t *testing.T) {
 	})
 }
 
-// Row 24: one lookup per CONNECT, the checked address is the dialled one,
+// Proxy case 24: one lookup per CONNECT, the checked address is the dialled one,
 // and a rebound answer is refused.
-func TestRow24Rebinding(t *testing.T) {
+func TestOneLookupPerConnectDefeatsRebinding(t *testing.T) {
 	h := newHarness(t, Config{})
 	echoSrv := startServer(t, "tcp", "127.0.0.1:0", echo)
 	h.dialer.target = echoSrv.addr()
@@ -362,7 +361,7 @@ func TestRow24Rebinding(t *testing.T) {
 	}
 }
 
-func TestRows31to37HostMatching(t *testing.T) {
+func TestHostMatching(t *testing.T) {
 	const notListed = "is not on this server's --allow-host list"
 	pub := map[string]string{"api.example.com": "93.184.216.34", "a.b.pkg.example.org": "93.184.216.35",
 		"x.pkg.example.org": "93.184.216.36"}
@@ -394,8 +393,8 @@ func TestRows31to37HostMatching(t *testing.T) {
 	runReqCases(t, cases)
 }
 
-// Row 31: the decision and its log show the normalised name.
-func TestRow31LogShowsNormalizedName(t *testing.T) {
+// Proxy case 31: the decision and its log show the normalised name.
+func TestLogShowsNormalizedName(t *testing.T) {
 	h := newHarness(t, Config{})
 	echoSrv := startServer(t, "tcp", "127.0.0.1:0", echo)
 	h.dialer.target = echoSrv.addr()
@@ -413,7 +412,7 @@ func TestRow31LogShowsNormalizedName(t *testing.T) {
 	}
 }
 
-func TestRows40to46RequestShapes(t *testing.T) {
+func TestMalformedRequestShapesRefused(t *testing.T) {
 	pub := map[string]string{"api.example.com": "93.184.216.34"}
 	cases := []reqCase{
 		{row: 40, target: "api.example.com:22", status: 403, reason: "is allowed on port 443 only"},
@@ -462,7 +461,7 @@ func TestRows40to46RequestShapes(t *testing.T) {
 	runReqCases(t, cases)
 }
 
-// Row 23 (policy detail): with several acceptable answers the first is
+// Proxy case 23 (policy detail): with several acceptable answers the first is
 // dialled, once; if it fails there is no fallback to the others.
 func TestFirstAnswerOnlyNoFallback(t *testing.T) {
 	h, _ := publicHarness(t, Config{}, echo)
@@ -488,7 +487,7 @@ func TestFirstAnswerOnlyNoFallback(t *testing.T) {
 	}
 }
 
-// Row 38: MaxHeaderBytes is exact, not rounded up to the read buffer.
+// Proxy case 38: MaxHeaderBytes is exact, not rounded up to the read buffer.
 func TestHeaderLimitIsExact(t *testing.T) {
 	for _, tc := range []struct {
 		size   int

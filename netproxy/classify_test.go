@@ -69,7 +69,7 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// Finding §0.1: the stdlib predicates call all of these global and not
+// The standard library's predicates call all of these global and not
 // private. Classify must not.
 func TestClassifyWhereStdlibSaysGlobal(t *testing.T) {
 	for _, s := range []string{"100.64.0.1", "0.1.2.3", "192.0.0.192", "198.18.0.1", "240.0.0.1", "192.0.2.1",

@@ -38,9 +38,39 @@
 //     Config.ConnectTimeout (504 on timeout, 502 on error), and nothing else:
 //     there is no fallback to other addresses. The default dialer checks the
 //     address again in net.Dialer.Control, just before connect(2);
-//  9. answers 200 and copies bytes both ways until both sides have finished
-//     (half-closes are passed on), nothing has moved for Config.IdleTimeout,
+//  9. for a host some secret is for (Config.Secrets), opens TLS to it and
+//     verifies its certificate and name (502 on failure); see Interception;
+//  10. answers 200. A tunnel that is not intercepted must open with a TLS
+//     ClientHello naming the CONNECT target, or none, or not be TLS at all:
+//     the proxy reads it (at most 64 KiB, within Config.HeaderTimeout) and
+//     refuses another name (403 in the Decision; the client, which has its
+//     200, gets a TLS access_denied alert). The bytes read are passed on;
+//  11. copies bytes both ways until both sides have finished (half-closes
+//     are passed on), nothing has moved for Config.IdleTimeout,
 //     Config.MaxLifetime has passed, or Serve's context ends.
+//
+// The allowed Decision of a plain tunnel is recorded once its first bytes
+// are checked (at once for a TLS client); that of an intercepted one when
+// the real host is verified.
+//
+// # Interception
+//
+// With Config.Secrets, New makes a CA (ECDSA P-256) in memory; [Proxy.CACert]
+// is its certificate for the sandbox to trust, and [Proxy.SecretEnv] each
+// secret's placeholder for one sandbox. A tunnel to a secret's host is
+// terminated here: the proxy opens TLS to the real host over the checked
+// connection, verifying its certificate and name against Config.RootCAs,
+// answers 200, and serves the sandbox's TLS (only http/1.1) with a leaf
+// certificate for the host, minted on first use, cached and valid a day.
+// Each HTTP/1.1 request goes on to the real host (net/http's reverse
+// proxy: keep-alive, bodies streamed, 1xx and upgrades passed on) with the
+// sandbox's placeholders for that host's secrets replaced by their values
+// in the request target and every header, Basic credentials decoded and
+// encoded again; placeholders of other sandboxes or hosts are left alone.
+// Response headers get the placeholder back for the value; bodies are not
+// rewritten either way. The first use of each secret on a tunnel is logged
+// ("proxy secret used") and passed to Config.OnSecretUse; a value is never
+// logged, and errors are scrubbed of values before they are logged or sent.
 //
 // Every refusal is an HTTP error whose text/plain body and [ErrorHeader]
 // header carry the same sentence, which says what to do next. Every allowed
@@ -74,11 +104,11 @@
 // which does not read numeric names as addresses. An IPv4-mapped answer
 // (::ffff:a.b.c.d) is checked and dialled as the IPv4 address it carries.
 //
-// The proxy sees only the CONNECT line, never the bytes inside the tunnel. It
-// does not inspect the TLS ClientHello, so a client can send any SNI, or none,
-// or a non-TLS protocol to an allowed host:port. Domain fronting through a
-// CDN that serves an allowed name is therefore a residual risk: allow names
-// whose servers you trust not to relay for others. Likewise a second CONNECT
+// Apart from the ClientHello, the proxy does not look inside a tunnel that
+// is not intercepted. A client can send no SNI, or a non-TLS protocol, to an
+// allowed host:port, and Encrypted Client Hello hides the inner name; a CDN
+// that routes on the Host header alone can still be fronted through. Allow
+// names whose servers you trust not to relay for others. A second CONNECT
 // sent inside a tunnel reaches the allowed upstream, not this proxy.
 //
 // Address classes unlocked by Config.AllowPrivate are loopback, private and

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -133,6 +135,23 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 	early, _ := br.Peek(br.Buffered())
 
 	up, ref, extra := p.decide(ctx, req, &d, sb)
+	intercept := ref == nil && p.secrets.intercepts(d.Normalized)
+	var upTLS *tls.Conn
+	var rawUp *meteredConn
+	if intercept {
+		// The real host's certificate is verified before the sandbox hears
+		// a 200: a failure is a 502, never a tunnel without the check.
+		rawUp = newMetered(up, new(atomic.Int64))
+		var err error
+		if upTLS, err = p.upstreamTLS(ctx, rawUp, d.Normalized); err != nil {
+			up.Close()
+			sb.release(&sb.tunnels)
+			ref = tlsRefusal(quote(d.Normalized+":"+strconv.Itoa(d.Port)), err)
+			if ctx.Err() != nil {
+				ref = shuttingDown
+			}
+		}
+	}
 	d.Duration = time.Since(start)
 	if ref != nil {
 		p.refuse(c, &d, sb, ref, extra...)
@@ -140,24 +159,127 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 	}
 	d.Allow, d.Status, d.Count = true, http.StatusOK, 1
 	d.Reason = "allowed by " + d.Rule
-	p.logDecision(&d)
+	if intercept {
+		d.Reason += "; intercepted to add a secret"
+	}
 
 	stop() // from here on the tunnel closes c, recording why
 	cl := Close{Sandbox: sb.id, Host: d.Normalized, Port: d.Port, Addr: d.Addr}
-	t := newTunnel(c, up, p.cfg.IdleTimeout, p.cfg.MaxLifetime)
+	tunnelStart := time.Now()
 	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		p.logDecision(&d)
 		up.Close()
 		cl.Reason = CloseError
 		if ctx.Err() != nil {
 			cl.Reason = CloseCtx
 		}
-	} else {
-		cl.Reason = t.run(ctx, early)
+		cl.Duration = time.Since(tunnelStart)
+		sb.release(&sb.tunnels)
+		p.logClose(&cl)
+		return
 	}
+	c.SetWriteDeadline(time.Time{})
+	if intercept {
+		p.logDecision(&d)
+		cl.Reason, cl.BytesUp, cl.BytesDown = p.serveIntercepted(ctx, c, early, upTLS, rawUp, &d, sb)
+		cl.Duration = time.Since(tunnelStart)
+		sb.release(&sb.tunnels)
+		p.logClose(&cl)
+		return
+	}
+
+	// A tunnel that is not intercepted must be TLS to the host it was
+	// allowed for, if it is TLS at all: the ClientHello's server name is
+	// checked against the CONNECT target, and what was read is replayed.
+	toUp, toClient, isTLS, ref := p.checkHello(ctx, c, up, early, d.Normalized)
+	if ref != nil {
+		up.Close()
+		sb.release(&sb.tunnels)
+		d.Allow, d.Status, d.Reason, d.Count = false, ref.status, ref.reason, 0
+		p.recordRefusal(sb, &d)
+		if isTLS {
+			// A fatal access_denied alert: the client has already had its 200.
+			c.SetWriteDeadline(time.Now().Add(lingerTimeout))
+			c.Write([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49})
+		}
+		return
+	}
+	p.logDecision(&d)
+	t := newTunnel(c, up, p.cfg.IdleTimeout, p.cfg.MaxLifetime)
+	t.start = tunnelStart
+	cl.Reason = t.run(ctx, toUp, toClient)
 	cl.BytesUp, cl.BytesDown, cl.Duration = t.up, t.down, time.Since(t.start)
 	sb.release(&sb.tunnels) // before the record, so a caller that saw it can open another
 	p.logClose(&cl)
+}
+
+// checkHello reads the start of a tunnel and refuses it if the client
+// opens with a TLS ClientHello whose server name is not host. It reads the
+// client (early first, then c) and, at the same time, the upstream: a
+// client that sends no ClientHello, a ClientHello without a server name, a
+// tunnel that is not TLS, and an upstream that speaks first (no TLS server
+// does) pass at once, as does a client that sends nothing within
+// HeaderTimeout. It returns the bytes read from each side, to be replayed
+// to the other.
+func (p *Proxy) checkHello(ctx context.Context, c, up net.Conn, early []byte, host string) (toUp, toClient []byte, tlsHello bool, ref *refusal) {
+	type upRead struct {
+		b   []byte
+		err error
+	}
+	fromUp := make(chan upRead, 1)
+	go func() {
+		b := make([]byte, readBufSize)
+		n, err := up.Read(b)
+		fromUp <- upRead{b[:n], err}
+	}()
+	type helloRead struct {
+		h   clientHello
+		err error
+	}
+	fromClient := make(chan helloRead, 1)
+	c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+	go func() {
+		h, err := readClientHello(io.MultiReader(bytes.NewReader(early), c))
+		fromClient <- helloRead{h, err}
+	}()
+	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+
+	var hr helloRead
+	var ur upRead
+	select {
+	case hr = <-fromClient:
+		up.SetReadDeadline(time.Now()) // end the upstream read, keep what it got
+		ur = <-fromUp
+	case ur = <-fromUp:
+		c.SetReadDeadline(time.Now()) // the upstream spoke first: not TLS
+		hr = <-fromClient
+		hr.err = nil
+		hr.h.sni = ""
+	}
+	stop()
+	c.SetReadDeadline(time.Time{})
+	up.SetReadDeadline(time.Time{})
+	toUp = hr.h.raw
+	if len(toUp) < len(early) {
+		toUp = append(toUp, early[len(toUp):]...)
+	}
+	toClient = ur.b
+	switch {
+	case errors.Is(hr.err, errBadHello):
+		return toUp, toClient, hr.h.tls, &refusal{http.StatusForbidden, fmt.Sprintf(
+			"the tunnel to %s began with a malformed TLS ClientHello; send a standard TLS handshake", quote(host))}
+	case hr.err != nil || hr.h.sni == "":
+		// Nothing more came in time, the client closed, or the hello names
+		// no server: replay what came and let the tunnel run (or end).
+		return toUp, toClient, hr.h.tls, nil
+	}
+	if sni := strings.TrimSuffix(asciiLower(hr.h.sni), "."); sni != host {
+		return toUp, toClient, true, &refusal{http.StatusForbidden, fmt.Sprintf(
+			"the TLS ClientHello names %s, not %s, the host this tunnel was allowed for; connect to the host you name",
+			quote(truncate(sni, maxLoggedHost)), quote(host))}
+	}
+	return toUp, toClient, true, nil
 }
 
 // request is a parsed request line and header.
@@ -239,7 +361,7 @@ func readLine(br *bufio.Reader) (string, error) {
 		if err == nil {
 			break
 		}
-		if err != bufio.ErrBufferFull {
+		if !errors.Is(err, bufio.ErrBufferFull) {
 			return "", err
 		}
 	}

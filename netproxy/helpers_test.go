@@ -284,7 +284,7 @@ type harness struct {
 // leakChecked records the tests that already have a leak check queued.
 var leakChecked sync.Map // *testing.T -> bool
 
-// stdAllowlist is the allowlist of security-cases §2.
+// stdAllowlist is the allowlist of the proxy cases in docs/attack-cases.md.
 var stdAllowlist = []string{"api.example.com", "*.pkg.example.org:443"}
 
 type harnessOpt func(*harness, *Config)

@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// Rows 53-60 of security-cases §2.6 (slow and abusive clients), with short
-// timeouts so the whole file runs in about two seconds.
+// Proxy cases 53-60 of docs/attack-cases.md (slow and abusive clients),
+// with short timeouts so the whole file runs in about two seconds.
 
 // publicHarness allows api.example.com -> 93.184.216.34 and sends every dial
 // to a local server running handle.
@@ -26,7 +26,7 @@ func publicHarness(t *testing.T, cfg Config, handle func(net.Conn)) (*harness, *
 	return h, srv
 }
 
-func TestRow53Slowloris(t *testing.T) {
+func TestSlowHeaderClosedAtReadHeaderTimeout(t *testing.T) {
 	h := newHarness(t, Config{HeaderTimeout: 150 * time.Millisecond})
 	for _, partial := range []string{"", "CONNECT a", "CONNECT api.example.com:443 HTTP/1.1\r\nX-Slow: 1\r\n"} {
 		c, err := net.Dial("tcp", h.addr)
@@ -54,8 +54,8 @@ func TestRow53Slowloris(t *testing.T) {
 	}
 }
 
-// Row 38: a 1 MB header is cut off at MaxHeaderBytes with 431.
-func TestRow38HugeHeader(t *testing.T) {
+// Proxy case 38: a 1 MB header is cut off at MaxHeaderBytes with 431.
+func TestHugeHeaderRefusedWith431(t *testing.T) {
 	h := newHarness(t, Config{})
 	c, err := net.Dial("tcp", h.addr)
 	if err != nil {
@@ -79,9 +79,9 @@ func TestRow38HugeHeader(t *testing.T) {
 	}
 }
 
-// Rows 54 and 58: an idle tunnel (the upstream accepts and never answers)
+// Proxy cases 54 and 58: an idle tunnel (the upstream accepts and never answers)
 // is closed on both legs, with a close record.
-func TestRows54and58IdleTunnel(t *testing.T) {
+func TestIdleTunnelClosedOnBothLegs(t *testing.T) {
 	upstreamDone := make(chan time.Time, 1)
 	h, _ := publicHarness(t, Config{IdleTimeout: 150 * time.Millisecond}, func(c net.Conn) {
 		io.Copy(io.Discard, c) // never answers; returns when the proxy closes its leg
@@ -112,7 +112,7 @@ func TestRows54and58IdleTunnel(t *testing.T) {
 	}
 }
 
-// Row 54: activity in one direction keeps the whole tunnel alive.
+// Proxy case 54: activity in one direction keeps the whole tunnel alive.
 func TestIdleTimeoutCountsBothDirections(t *testing.T) {
 	// The upstream streams a byte every 40ms and never reads.
 	h, _ := publicHarness(t, Config{IdleTimeout: 150 * time.Millisecond}, func(c net.Conn) {
@@ -139,8 +139,8 @@ func TestIdleTimeoutCountsBothDirections(t *testing.T) {
 	}
 }
 
-// Row 55: a busy tunnel still ends at MaxLifetime.
-func TestRow55MaxLifetime(t *testing.T) {
+// Proxy case 55: a busy tunnel still ends at MaxLifetime.
+func TestBusyTunnelEndsAtMaxLifetime(t *testing.T) {
 	h, _ := publicHarness(t, Config{IdleTimeout: 150 * time.Millisecond, MaxLifetime: 400 * time.Millisecond}, echo)
 	resp, _, c := h.connect("api.example.com:443")
 	if resp.StatusCode != 200 {
@@ -167,9 +167,9 @@ func TestRow55MaxLifetime(t *testing.T) {
 	}
 }
 
-// Row 56: the (N+1)th tunnel gets 429 + Retry-After; a slot comes back when
+// Proxy case 56: the (N+1)th tunnel gets 429 + Retry-After; a slot comes back when
 // a tunnel closes, and after a failed dial or lookup.
-func TestRow56TunnelLimit(t *testing.T) {
+func TestTunnelsBeyondTheLimitGet429(t *testing.T) {
 	h, _ := publicHarness(t, Config{MaxTunnels: 2}, echo)
 	h.res.setAddrs("refused.pkg.example.org", "93.184.216.99")
 	h.dialer.refuse = map[string]bool{"93.184.216.99:443": true}
@@ -206,8 +206,8 @@ func TestRow56TunnelLimit(t *testing.T) {
 	expectEcho(t, c3, "3")
 }
 
-// Row 57: a burst over the rate gets 429; another sandbox is unaffected.
-func TestRow57RateLimitPerSandbox(t *testing.T) {
+// Proxy case 57: a burst over the rate gets 429; another sandbox is unaffected.
+func TestConnectsRateLimitedPerSandbox(t *testing.T) {
 	h := newHarness(t, Config{Rate: 1, Burst: 3})
 	other := h.serve("sandbox-2")
 	for i := range 3 {
@@ -265,8 +265,8 @@ func TestConnectionLimit(t *testing.T) {
 	}
 }
 
-// Row 59: a dial that never completes gets 504 at ConnectTimeout.
-func TestRow59ConnectTimeout(t *testing.T) {
+// Proxy case 59: a dial that never completes gets 504 at ConnectTimeout.
+func TestDialThatNeverCompletesGets504(t *testing.T) {
 	h := newHarness(t, Config{ConnectTimeout: 100 * time.Millisecond})
 	h.res.setAddrs("api.example.com", "93.184.216.34")
 	h.dialer.hang = map[string]bool{"93.184.216.34:443": true}
@@ -283,9 +283,9 @@ func TestRow59ConnectTimeout(t *testing.T) {
 	}
 }
 
-// Row 60: a client that half-closes right after its request still gets the
+// Proxy case 60: a client that half-closes right after its request still gets the
 // response, and the half-close is passed on to the upstream.
-func TestRow60HalfClose(t *testing.T) {
+func TestHalfClosedClientStillGetsTheResponse(t *testing.T) {
 	h, _ := publicHarness(t, Config{}, func(c net.Conn) {
 		got, _ := io.ReadAll(c) // until the client's FIN arrives through the tunnel
 		io.WriteString(c, "bye after "+strconv.Quote(string(got)))
@@ -322,7 +322,7 @@ func TestTunnelSlowReaderIsNotIdle(t *testing.T) {
 	upstream, upstreamPeer := net.Pipe()
 	tun := newTunnel(client, upstream, 100*time.Millisecond, 10*time.Second)
 	done := make(chan string, 1)
-	go func() { done <- tun.run(context.Background(), nil) }()
+	go func() { done <- tun.run(context.Background(), nil, nil) }()
 	go upstreamPeer.Write(make([]byte, 32<<10))
 	defer upstreamPeer.Close()
 

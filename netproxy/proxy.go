@@ -2,6 +2,7 @@ package netproxy
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -138,8 +139,25 @@ type Config struct {
 	Rate  rate.Limit
 	Burst int
 	// MaxHeaderBytes caps the request line plus headers; larger requests
-	// get 431. Zero means DefaultMaxHeaderBytes (8 KiB).
+	// get 431. Zero means DefaultMaxHeaderBytes (8 KiB). It bounds each
+	// request's header on an intercepted tunnel too.
 	MaxHeaderBytes int
+
+	// Secrets are credentials the proxy puts into requests to their hosts
+	// (see [Secret]). Tunnels to those hosts are intercepted: the proxy
+	// terminates TLS with a certificate from a CA it makes in New (see
+	// [Proxy.CACert]) and forwards each HTTP/1.1 request to the real host
+	// with the sandbox's placeholders replaced. Every secret's host must be
+	// on Allow. Empty: nothing is intercepted and no CA is made.
+	Secrets []Secret
+	// RootCAs verifies the real hosts' certificates on intercepted tunnels.
+	// nil means the system's roots (which honour SSL_CERT_FILE and
+	// SSL_CERT_DIR).
+	RootCAs *x509.CertPool
+	// OnSecretUse, if set, is called the first time each secret is put into
+	// a request on an intercepted tunnel, after it is logged. Like
+	// OnDecision it must be quick and safe for concurrent use.
+	OnSecretUse func(SecretUse)
 }
 
 // withDefaults returns cfg with zero fields replaced by defaults, or an error
@@ -208,9 +226,14 @@ type Proxy struct {
 	deny      []netip.AddrPort           // cfg.DenyAddrs, normalised
 	tokens    map[[32]byte]*sandboxState // granted credentials (Grant), by token hash
 	anon      *sandboxState              // refusals of requests with no known credential
+
+	secrets *secretSet // nil without Config.Secrets
+	ca      *ca        // the interception CA; nil without Config.Secrets
 }
 
-// New checks cfg and returns a Proxy. It fails only on negative limits.
+// New checks cfg and returns a Proxy. It fails on negative limits and on
+// secrets that are invalid or name a host Allow does not list. With
+// secrets, it makes the interception CA.
 func New(cfg Config) (*Proxy, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -235,6 +258,14 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	for _, ap := range cfg.DenyAddrs {
 		p.deny = append(p.deny, netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port()))
+	}
+	if len(cfg.Secrets) > 0 {
+		if p.secrets, err = newSecretSet(cfg.Secrets, cfg.Allow); err != nil {
+			return nil, fmt.Errorf("netproxy: %w", err)
+		}
+		if p.ca, err = newCA(time.Now()); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }

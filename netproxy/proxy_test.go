@@ -100,9 +100,9 @@ func TestDialerControlRechecks(t *testing.T) {
 	}
 }
 
-// Row 16: the proxy's own listeners, DenyAddrs (exact, any port, and
+// Proxy case 16: the proxy's own listeners, DenyAddrs (exact, any port, and
 // unspecified = every local address) stay refused even with AllowPrivate.
-func TestRow16SelfAndDenyAddrs(t *testing.T) {
+func TestOwnListenersAndDenyAddrsRefused(t *testing.T) {
 	mcp := startServer(t, "tcp4", "127.0.0.1:0", silent) // stands in for the MCP HTTP listener
 	other := startServer(t, "tcp4", "127.0.0.1:0", silent)
 	echoSrv := startServer(t, "tcp4", "127.0.0.1:0", echo)
@@ -152,9 +152,9 @@ func TestRow16SelfAndDenyAddrs(t *testing.T) {
 	expectEcho(t, c, "ok")
 }
 
-// Row 49: a CONNECT inside an established tunnel is just bytes for the
+// Proxy case 49: a CONNECT inside an established tunnel is just bytes for the
 // upstream; the proxy makes one decision and one lookup.
-func TestRow49ConnectInsideTunnel(t *testing.T) {
+func TestConnectInsideTunnelIsJustBytes(t *testing.T) {
 	h, _ := publicHarness(t, Config{}, echo)
 	resp, _, c := h.connect("api.example.com:443")
 	if resp.StatusCode != 200 {
@@ -178,20 +178,20 @@ func TestEndToEndTLS(t *testing.T) {
 	}))
 	defer srv.Close()
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
-	h := newHarness(t, Config{AllowPrivate: true, Allow: mustAllowlist(t, "upstream.test.example:"+itoa(port))}, realDialer)
-	h.res.setAddrs("upstream.test.example", "127.0.0.1")
+	h := newHarness(t, Config{AllowPrivate: true, Allow: mustAllowlist(t, "example.com:"+itoa(port))}, realDialer)
+	h.res.setAddrs("example.com", "127.0.0.1")
 
 	pool := x509.NewCertPool()
 	pool.AddCert(srv.Certificate())
 	proxyURL, _ := url.Parse("http://" + h.addr)
 	tr := &http.Transport{
 		Proxy:           http.ProxyURL(proxyURL),
-		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "example.com"},
+		TLSClientConfig: &tls.Config{RootCAs: pool}, // httptest's certificate names example.com
 	}
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	payload := bytes.Repeat([]byte("sandbox "), 64<<10) // 512 KiB
 	for range 2 {
-		resp, err := client.Post("https://upstream.test.example:"+itoa(port)+"/", "application/octet-stream", bytes.NewReader(payload))
+		resp, err := client.Post("https://example.com:"+itoa(port)+"/", "application/octet-stream", bytes.NewReader(payload))
 		if err != nil {
 			t.Fatal(err)
 		}

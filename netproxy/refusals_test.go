@@ -185,6 +185,11 @@ func TestServeOnlyFromClients(t *testing.T) {
 	if _, err := io.ReadFull(own, buf); err != nil || string(buf) != "HTTP/1.1 200" {
 		t.Fatalf("the sandbox's own address: %q %v", buf, err)
 	}
+	// The allowed decision is recorded once the tunnel's first bytes are
+	// checked (they are not a TLS ClientHello here) and before they are
+	// passed on: their echo means it is there.
+	io.ReadFull(own, make([]byte, len(" Connection established\r\n\r\n")))
+	expectEcho(t, own, "ping")
 	rest, _ := io.ReadAll(stranger)
 	if body := string(answer[:n]) + string(rest); !strings.Contains(body, "127.0.0.1 is not its address") {
 		t.Errorf("the refusal does not say why: %q", body)

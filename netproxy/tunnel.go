@@ -52,8 +52,9 @@ func newTunnel(client, upstream net.Conn, idle, lifetime time.Duration) *tunnel 
 }
 
 // run copies until the tunnel ends, closes both connections and returns the
-// close reason. early holds client bytes already read past the request header.
-func (t *tunnel) run(ctx context.Context, early []byte) string {
+// close reason. early holds client bytes already read past the request
+// header, earlyDown upstream bytes already read, to be sent on first.
+func (t *tunnel) run(ctx context.Context, early, earlyDown []byte) string {
 	stop := context.AfterFunc(ctx, func() { t.finish(CloseCtx) })
 	defer stop()
 	d := t.deadline(false)
@@ -61,7 +62,7 @@ func (t *tunnel) run(ctx context.Context, early []byte) string {
 	t.upstream.SetDeadline(d)
 	var wg sync.WaitGroup
 	wg.Go(func() { t.pipe(t.upstream, t.client, early, &t.up, &t.writingUpstream, &t.writingClient) })
-	t.pipe(t.client, t.upstream, nil, &t.down, &t.writingClient, &t.writingUpstream)
+	t.pipe(t.client, t.upstream, earlyDown, &t.down, &t.writingClient, &t.writingUpstream)
 	wg.Wait()
 	t.finish(CloseEOF) // no effect if an earlier reason was recorded
 	t.mu.Lock()

@@ -9,11 +9,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // Workspace is the absolute path of every sandbox's workspace.
-const Workspace = "/workspace"
+const Workspace = agentproto.Workspace
 
 // MaxArgv is the most argv items sandbox_exec takes.
 const MaxArgv = 64
@@ -100,7 +101,15 @@ func CheckArgv(argv []string) Decision {
 	return Allowed
 }
 
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+// EnvNamePattern is what an environment variable's name must match, in a
+// tool call's env and in the server's --env: a letter or underscore, then
+// letters, digits and underscores.
+const EnvNamePattern = `^[A-Za-z_][A-Za-z0-9_]*$`
+
+var envName = regexp.MustCompile(EnvNamePattern)
+
+// ValidEnvName reports whether name matches EnvNamePattern.
+func ValidEnvName(name string) bool { return envName.MatchString(name) }
 
 // CheckEnv validates sandbox_exec's env, at most MaxEnvBytes in all, and
 // returns it as sorted NAME=VALUE pairs.
@@ -269,11 +278,15 @@ func CheckLines(offset, length, startLine, endLine int64) (bool, Decision) {
 	return true, Allowed
 }
 
-// CheckEdit decides whether sandbox_edit_file's strings may be sent: each
-// at most the file cap (the file before and after is held to it too, where
-// the file is).
-func (p Policy) CheckEdit(oldLen, newLen int) Decision {
-	if n := max(oldLen, newLen); int64(n) > p.MaxFileBytes {
+// CheckEdit decides whether sandbox_edit_file's strings may be sent: they
+// must differ (an edit that changes nothing is a mistake to point out), and
+// each is at most the file cap (the file before and after is held to it
+// too, where the file is).
+func (p Policy) CheckEdit(oldString, newString string) Decision {
+	if oldString == newString {
+		return Deny(errcode.InvalidArgument, "old_string and new_string are the same, so the edit would change nothing; give the new text in new_string")
+	}
+	if n := max(len(oldString), len(newString)); int64(n) > p.MaxFileBytes {
 		return Deny(errcode.TooLarge, "old_string or new_string is %d bytes; this server edits files of at most %d bytes (--max-file-bytes); make the change in smaller steps", n, p.MaxFileBytes)
 	}
 	return Allowed

@@ -69,7 +69,7 @@ const (
 	NetworkAllowlist NetworkMode = "allowlist" // an internal network and the egress proxy
 )
 
-// Defaults (SPEC §3).
+// Defaults, as the README's policy table lists them.
 const (
 	DefaultMaxFileBytes      = 8 << 20
 	DefaultMaxOutputBytes    = 32 << 10
@@ -129,7 +129,8 @@ type Policy struct {
 	MaxSessionInflightBytes int64 `json:"max_session_inflight_bytes"`
 }
 
-// Default returns the policy of SPEC §3's defaults.
+// Default returns the policy with every default (see the README's policy
+// table).
 func Default() Policy {
 	return Policy{
 		Exec:              ExecAllow,

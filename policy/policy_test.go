@@ -16,7 +16,7 @@ func TestDefaultIsValid(t *testing.T) {
 	p := Default()
 	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 32<<10 || p.MaxWorkspaceBytes != 512<<20 ||
 		p.ExecTimeout != time.Minute || p.MaxExecTimeout != 10*time.Minute || p.Memory != 1<<30 || p.CPUs != 1 || p.Pids != 256 || p.Network != NetworkNone {
-		t.Fatalf("defaults differ from SPEC §3: %+v", p)
+		t.Fatalf("defaults differ from the documented ones (README, policy table): %+v", p)
 	}
 }
 
@@ -365,10 +365,13 @@ func TestCheckRenamableAndEdit(t *testing.T) {
 		}
 	}
 	p := Default()
-	if d := p.CheckEdit(int(p.MaxFileBytes), 0); !d.Allow {
+	if d := p.CheckEdit(strings.Repeat("x", int(p.MaxFileBytes)), ""); !d.Allow {
 		t.Errorf("an old_string of the cap is refused: %+v", d)
 	}
-	if d := p.CheckEdit(0, int(p.MaxFileBytes)+1); d.Allow || d.Code != errcode.TooLarge {
+	if d := p.CheckEdit("", strings.Repeat("x", int(p.MaxFileBytes)+1)); d.Allow || d.Code != errcode.TooLarge {
 		t.Errorf("a new_string past the cap: %+v", d)
+	}
+	if d := p.CheckEdit("same", "same"); d.Allow || d.Code != errcode.InvalidArgument {
+		t.Errorf("an edit that changes nothing: %+v", d)
 	}
 }

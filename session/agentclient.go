@@ -560,7 +560,7 @@ func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 		go func() { inErr <- sendInput(p) }()
 		defer func() {
 			if err := <-inErr; err != nil && !errors.As(err, new(errLocal)) {
-				c.log.Debug("session: sending request input", "err", err)
+				c.log.Debug("sending request input", "err", err)
 			}
 		}()
 	}
@@ -631,5 +631,5 @@ func unavailable(err error) error {
 		return err
 	}
 	return errcode.Errorf(errcode.Unavailable,
-		"the sandbox stopped (%v); its workspace is lost. Call again: the next call starts a fresh sandbox", err)
+		"the sandbox stopped (%v); its workspace is lost and its jobs ended. Call again: the next call starts a fresh sandbox, with no jobs", err)
 }

@@ -199,7 +199,7 @@ func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) e
 	case err == nil:
 		return nil
 	case errors.Is(err, agentproto.ErrFrameTooLarge):
-		c.log.Warn("session: request too large for the agent's protocol", "kind", kind, "err", err)
+		c.log.Warn("request too large for the agent's protocol", "kind", kind, "err", err)
 		return errcode.Errorf(errcode.TooLarge, "the %s request does not fit the sandbox's protocol (at most %d bytes once JSON-encoded, where a control character or <, >, & takes 6); pass large input on stdin or in a file",
 			kind, c.w.MaxHeader)
 	case errors.Is(err, agentproto.ErrNotSent):

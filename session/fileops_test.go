@@ -66,3 +66,62 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHostileAgentFileOps: an agent that answers an edit, a delete, a move
+// or a line read with a result out of bounds ends the connection.
+func TestHostileAgentFileOps(t *testing.T) {
+	edit := func(c *conn) error {
+		_, err := c.editFile(ctxFor(t), "f", "a", "b", false, 100)
+		return err
+	}
+	del := func(c *conn) error {
+		_, err := c.deletePath(ctxFor(t), "f", true)
+		return err
+	}
+	move := func(c *conn) error {
+		_, err := c.move(ctxFor(t), "f", "g", false)
+		return err
+	}
+	lines := func(c *conn) error {
+		_, err := c.read(ctxFor(t), agentproto.ReadRequest{Path: "f", Max: 10, StartLine: 1})
+		return err
+	}
+	for _, tc := range []struct {
+		name   string
+		call   func(*conn) error
+		answer func(a *agentEnd, req agentproto.Frame)
+		why    string
+	}{
+		{"an edit leaving a file past the cap", edit, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindResult, agentproto.EditResult{Replacements: 1, Size: 101}, nil)
+		}, "edit result out of bounds"},
+		{"an edit of negative replacements", edit, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindResult, agentproto.EditResult{Replacements: -1}, nil)
+		}, "edit result out of bounds"},
+		{"data in answer to a delete", del, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindData, nil, []byte("x"))
+		}, "data frame in answer to delete"},
+		{"a delete of an unknown type", del, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindResult, agentproto.DeleteResult{Deleted: 1, Type: "door"}, nil)
+		}, "delete result out of bounds"},
+		{"a move to no name", move, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindResult, agentproto.MoveResult{To: "", Type: agentproto.TypeFile}, nil)
+		}, "move result out of bounds"},
+		{"a line read past its total", lines, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindResult, agentproto.ReadResult{StartLine: 1, EndLine: 5, TotalLines: 2}, nil)
+		}, "read result out of bounds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, a := hostileConn(t, func(a *agentEnd) {
+				if !a.hello() {
+					return
+				}
+				if req, ok := a.next(); ok {
+					tc.answer(a, req)
+				}
+				a.drain()
+			})
+			wantBroken(t, c, a, tc.call(c), tc.why)
+		})
+	}
+}

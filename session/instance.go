@@ -22,6 +22,8 @@ type instance struct {
 	// quiet, when closed, stops the heartbeats (a test uses it to play a
 	// frozen server).
 	quiet chan struct{}
+	// shell is the shell command strings run through, once looked up.
+	shell atomic.Pointer[[2]string]
 }
 
 // startInstance starts instance number gen of the sandbox with the given id
@@ -48,7 +50,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		Generation: gen,
 		UID:        m.opts.UID,
 		GID:        m.opts.GID,
-		Env:        m.sandboxEnv(),
+		Env:        append(m.sandboxEnv(), m.secretEnv(sandbox)...),
 		Limits: backend.Limits{
 			Memory:         p.Memory,
 			NanoCPUs:       int64(p.CPUs * 1e9),
@@ -70,6 +72,9 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, box.StderrTail())
 	}
 	inst.conn = c
+	if err := m.setupSandbox(ctx, c); err != nil {
+		return inst, err
+	}
 	if m.opts.Policy.NeedsResolve() {
 		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
 		if err != nil {
@@ -78,7 +83,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		inst.allowed = make(map[string]string)
 		for i, p := range paths {
 			if p == "" {
-				log.Warn("session: allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
+				log.Warn("allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
 				continue
 			}
 			inst.allowed[p] = m.opts.Policy.AllowCmds[i]
@@ -86,7 +91,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
-	log.Info("session: sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
+	log.Info("sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
 		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
 	return inst, nil
 }

@@ -89,7 +89,7 @@ func (m *Manager) fillLoop() {
 				if m.ctx.Err() != nil {
 					return
 				}
-				m.log.Warn("session: warm pool: starting a container failed", "err", err, "retry_in", backoff)
+				m.log.Warn("warm pool: starting a container failed", "err", err, "retry_in", backoff)
 				select {
 				case <-m.ctx.Done():
 					return
@@ -108,7 +108,7 @@ func (m *Manager) fillLoop() {
 			m.pool.ready = append(m.pool.ready, warm{id: id, inst: inst})
 			n := len(m.pool.ready)
 			m.pool.mu.Unlock()
-			m.log.Debug("session: warm pool", "ready", n, "want", m.pool.want)
+			m.log.Debug("warm pool", "ready", n, "want", m.pool.want)
 		}
 		select {
 		case <-m.ctx.Done():
@@ -132,9 +132,6 @@ func (m *Manager) drainPool() {
 	}
 	wg.Wait()
 }
-
-// WarmReady returns the number of warm containers waiting.
-func (m *Manager) WarmReady() int { return m.pool.size() }
 
 // newInstance starts a container and fills its workspace from
 // --workspace-from, if set.

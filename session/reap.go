@@ -96,7 +96,7 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 		}
 		cancel()
 		if err != nil {
-			s.m.log.Warn("session: saving an idle sandbox's workspace failed", "sandbox", s.id, "err", err)
+			s.m.log.Warn("saving an idle sandbox's workspace failed", "sandbox", s.id, "err", err)
 			s.lost += fmt.Sprintf(", and saving its workspace failed (%v)", err)
 		} else {
 			s.lost += fmt.Sprintf("; its workspace was saved as snapshot %s", info.ID)

@@ -102,6 +102,12 @@ type Options struct {
 	// OnProxyDecision, if set, sees every proxy decision (for the audit
 	// log); it must be quick and safe for concurrent use.
 	OnProxyDecision func(netproxy.Decision)
+	// Secrets go into requests to their hosts at the proxy; each sandbox
+	// gets placeholders and trusts the proxy's CA (see netproxy.Secret).
+	// They need Policy.Network allowlist.
+	Secrets []netproxy.Secret
+	// OnSecretUse, if set, sees each use of a secret (for the audit log).
+	OnSecretUse func(netproxy.SecretUse)
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -177,6 +183,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		}
 	}
 	var proxy *netproxy.Proxy
+	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
+		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
+	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
 		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
@@ -187,9 +196,11 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			AllowPrivate: opts.Policy.AllowPrivateNetworks,
 			Resolver:     opts.Resolver,
 			Dialer:       opts.Dialer,
-			Logger:       log,
+			Logger:       log.With("component", "proxy"),
 			OnDecision:   opts.OnProxyDecision,
 			DenyAddrs:    opts.DenyAddrs,
+			Secrets:      opts.Secrets,
+			OnSecretUse:  opts.OnSecretUse,
 		})
 		if err != nil {
 			return nil, closeSeed(sd, err)
@@ -208,7 +219,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			SeccompProfile: opts.SeccompProfile,
 			Egress:         proxy != nil,
 			NetworkPool:    opts.NetworkPool,
-			Logger:         log,
+			Logger:         log.With("component", "engine"),
 		}
 		// A read-only workspace cannot be filled after the start: its
 		// content goes into the image instead.
@@ -228,7 +239,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		opts:    opts,
 		backend: be,
 		docker:  docker,
-		log:     log.With("instance", opts.Instance),
+		log:     log.With("component", "session", "instance", opts.Instance),
 		snaps:   snaps,
 		seed:    sd,
 		pool:    newPool(opts.Warm),
@@ -240,7 +251,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		byID:    make(map[string]*Sandbox),
 	}
 	if err := m.Sweep(ctx); err != nil {
-		m.log.Warn("session: sweep of leftovers failed", "err", err)
+		m.log.Warn("sweep of leftovers failed", "err", err)
 	}
 	if opts.IdleTimeout > 0 {
 		m.wg.Add(1)
@@ -250,7 +261,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.wg.Add(1)
 		go m.fillLoop()
 	}
-	m.log.Info("session: ready", "image", opts.Image, "runtime_image", m.RuntimeImage())
+	m.log.Info("ready", "image", opts.Image, "runtime_image", m.RuntimeImage())
 	return m, nil
 }
 
@@ -322,7 +333,7 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 	}
 	if w, ok := m.takeWarm(); ok {
 		s.id, s.cur, s.gen = w.id, w.inst, 1
-		m.log.Info("session: sandbox taken from the warm pool", "sandbox", s.id)
+		m.log.Info("sandbox taken from the warm pool", "sandbox", s.id)
 	}
 	s.lastUsed.Store(time.Now().UnixNano())
 	m.byKey[key] = s

@@ -3,6 +3,7 @@ package session
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
 // Sandbox is one MCP session's sandbox: a record that outlives any one
@@ -92,7 +94,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 			old := s.cur
 			s.cur = nil
 			if !old.reported.Load() {
-				s.lost = fmt.Sprintf("lost its workspace: its container stopped (%v)", err)
+				s.lost = fmt.Sprintf("lost its workspace and its jobs: its container stopped (%v)", err)
 			}
 			s.m.removeInstance(old)
 			s.planRecovery()
@@ -112,10 +114,10 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		}
 		s.cur = inst
 		if _, err := s.restoreInto(ctx, inst, id); err != nil {
-			s.m.log.Warn("session: restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
+			s.m.log.Warn("restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
 			return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
 		}
-		s.m.log.Info("session: fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
+		s.m.log.Info("fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
 		return inst, nil
 	}
 	inst, err := s.m.newInstance(ctx, s.id, s.gen)
@@ -143,7 +145,7 @@ func (s *Sandbox) nextStart() string {
 	if s.restoreFrom == "" {
 		return "the next call starts a fresh, empty sandbox"
 	}
-	return fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", s.restoreFrom)
+	return fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", s.restoreFrom)
 }
 
 // failed notes that a call saw the container go away, so the model is told
@@ -161,10 +163,10 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		next := "the next call starts a fresh, empty sandbox"
 		if !s.m.opts.Policy.ReadOnly {
 			if latest, ok := s.m.snaps.Latest(s.id); ok {
-				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s", latest.ID)
+				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", latest.ID)
 			}
 		}
-		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost. Call again: %s", s.id, inst.conn.err(), next)
+		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost and its jobs ended. Call again: %s", s.id, inst.conn.err(), next)
 	}
 	return err
 }
@@ -208,6 +210,35 @@ func (s *Sandbox) Resolve(ctx context.Context, names []string, cwd string) ([]st
 	}
 	out, err := inst.conn.resolve(ctx, names, cwd)
 	return out, s.failed(inst, err)
+}
+
+// Shell returns the shell a command string runs through: the first of
+// policy.Shells the container has, by name and resolved path ("" when it
+// has none). It is looked up once per container: the programs on the
+// agent's PATH are outside the workspace, on a read-only root filesystem.
+func (s *Sandbox) Shell(ctx context.Context) (name, path string, err error) {
+	ctx, end := s.begin(ctx)
+	defer end()
+	inst, err := s.ready(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	if sh := inst.shell.Load(); sh != nil {
+		return sh[0], sh[1], nil
+	}
+	found, err := inst.conn.resolve(ctx, policy.Shells, ".")
+	if err != nil {
+		return "", "", s.failed(inst, err)
+	}
+	sh := [2]string{policy.Shells[0], ""}
+	for i, p := range found {
+		if p != "" {
+			sh = [2]string{policy.Shells[i], p}
+			break
+		}
+	}
+	inst.shell.Store(&sh)
+	return sh[0], sh[1], nil
 }
 
 // AllowedPrograms returns the resolved command allowlist of the current
@@ -310,7 +341,7 @@ func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (S
 		f.Close()
 		err = ErrSnapshotNotFound
 	}
-	if err == ErrSnapshotNotFound {
+	if errors.Is(err, ErrSnapshotNotFound) {
 		return info, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
 	}
 	if err != nil {
@@ -335,7 +366,7 @@ func (s *Sandbox) close() {
 		if inst != nil {
 			s.m.removeInstance(inst)
 		}
-		s.m.log.Info("session: sandbox removed", "sandbox", s.id)
+		s.m.log.Info("sandbox removed", "sandbox", s.id)
 	})
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -193,7 +192,8 @@ func TestExecBackgroundChildDoesNotStall(t *testing.T) {
 	m := testManager(t, nil)
 	sb := startedSandbox(t, m)
 	// The background child keeps stdout and stderr open; the call must end
-	// when the shell does (security-cases §4 #8), not when the child does.
+	// when the shell does (container case 8 of docs/attack-cases.md), not
+	// when the child does.
 	start := time.Now()
 	res := sh(t, sb, "sleep 100 & echo parent-done")
 	if took := time.Since(start); took > 3*time.Second || string(res.Stdout) != "parent-done\n" {
@@ -210,23 +210,18 @@ func TestExecBusy(t *testing.T) {
 	m := testManager(t, func(o *Options) { o.Policy.MaxExecs = 2 })
 	sb := newSandbox(t, m)
 	run(t, sb, "true") // start the container first
-	var wg sync.WaitGroup
-	started := make(chan struct{}, 2)
-	for range 2 {
-		wg.Go(func() {
-			started <- struct{}{}
-			sh(t, sb, "sleep 2")
-		})
-	}
-	<-started
-	<-started
-	time.Sleep(300 * time.Millisecond)
+	// Two commands take both places, and run until cancelled.
+	ctx, cancel := context.WithCancel(context.Background())
+	long := ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 60"}, Timeout: time.Minute}
+	first, second := execStarted(t, ctx, sb, long), execStarted(t, ctx, sb, long)
 	_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 10 * time.Second})
 	e := wantCode(t, err, errcode.Busy)
 	if !strings.Contains(e.Message, "2 commands") {
 		t.Errorf("message does not name the limit: %s", e.Message)
 	}
-	wg.Wait()
+	cancel()
+	<-first
+	<-second
 	run(t, sb, "true") // free again
 }
 
@@ -319,17 +314,12 @@ func TestReleaseCancelsCallsInFlight(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)
 	run(t, sb, "true")
-	done := make(chan error, 1)
-	go func() {
-		_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sleep", "60"}, Cwd: ".", Timeout: time.Minute})
-		done <- err
-	}()
-	time.Sleep(300 * time.Millisecond)
+	done := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 60"}, Timeout: time.Minute})
 	start := time.Now()
 	m.Release(t.Name())
 	select {
-	case err := <-done:
-		if err == nil {
+	case d := <-done:
+		if err := d.err; err == nil {
 			t.Fatal("the call in flight returned no error")
 		}
 	case <-time.After(10 * time.Second):
@@ -398,18 +388,12 @@ func TestReleaseSoonTellsCallsTheSessionEnded(t *testing.T) {
 		m := testManager(t, nil)
 		sb := newSandbox(t, m)
 		run(t, sb, "true")
-		done := make(chan error, 1)
-		go func() {
-			_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sleep", "60"}, Cwd: ".", Timeout: time.Minute, MaxOutput: 1024})
-			done <- err
-		}()
-		for !strings.Contains(string(sh(t, sb, "ps -o args | grep '[s]leep 60' || true").Stdout), "sleep 60") {
-			time.Sleep(20 * time.Millisecond)
-		}
+		done := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 60"}, Timeout: time.Minute, MaxOutput: 1024})
 		m.ReleaseSoon(t.Name())
 		var err error
 		select {
-		case err = <-done:
+		case d := <-done:
+			err = d.err
 		case <-time.After(20 * time.Second):
 			t.Fatal("the call in flight did not end")
 		}

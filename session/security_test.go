@@ -21,7 +21,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// The container cases of security-cases §4, run in a real sandbox.
+// The container cases of docs/attack-cases.md, run in a real sandbox.
 
 func TestSecurityForkBomb(t *testing.T) {
 	m := testManager(t, func(o *Options) { o.Policy.Pids = 64 })
@@ -29,19 +29,14 @@ func TestSecurityForkBomb(t *testing.T) {
 	other, _ := m.Sandbox("other", "")
 	run(t, other, "true")
 
-	done := make(chan ExecResult, 1)
-	go func() {
-		res, _ := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, Cwd: ".", Timeout: 3 * time.Second, MaxOutput: 4096})
-		done <- res
-	}()
+	done := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; echo started; sleep 60"}, Timeout: 3 * time.Second, MaxOutput: 4096})
 	// Another sandbox answers while the bomb runs.
-	time.Sleep(time.Second)
 	start := time.Now()
 	run(t, other, "true")
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("another sandbox took %s to answer during a fork bomb", d)
 	}
-	res := <-done
+	res := (<-done).res
 	if !res.TimedOut {
 		t.Fatalf("fork bomb: %+v", res)
 	}
@@ -88,17 +83,17 @@ func TestSecurityNoWayOut(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)
 	for _, script := range []string{
-		// §4 #4: outside the workspace
+		// container case 4: outside the workspace
 		"touch /x", "echo x > /etc/passwd", "touch /bin/x", "mkdir /opt",
-		// #11: privileged operations
+		// case 11: privileged operations
 		"mount -t tmpfs x /tmp", "unshare -n true", "unshare -U true", "nsenter -t 1 -m true", "chroot / true",
 		"mknod /workspace/d c 1 3", "ip link add d0 type dummy", "chown 0 /workspace",
 		"date -s 2000-01-01 >/dev/null 2>&1; test $(date +%Y) = 2000",
 		"sysctl -w kernel.hostname=x", "hostname evil", "ping -c 1 -W 1 127.0.0.1",
-		// #13: /proc and /sys
+		// case 13: /proc and /sys
 		"head -c 1 /proc/kcore", "echo x > /proc/sys/kernel/core_pattern", "echo b > /proc/sysrq-trigger",
 		"echo 1 > /sys/fs/cgroup/pids/pids.max || echo 1 > /sys/fs/cgroup/pids.max",
-		// #10: no Docker socket
+		// case 10: no Docker socket
 		"test -e /var/run/docker.sock || test -e /run/docker.sock",
 	} {
 		res := sh(t, sb, script)
@@ -106,16 +101,16 @@ func TestSecurityNoWayOut(t *testing.T) {
 			t.Errorf("%q succeeded:\n%s%s", script, res.Stdout, res.Stderr)
 		}
 	}
-	// #12: a setuid copy grants nothing.
+	// Case 12: a setuid copy grants nothing.
 	res := sh(t, sb, "mkdir -p /workspace/s && cp /bin/busybox /workspace/s/busybox && chmod u+s /workspace/s/busybox && /workspace/s/busybox id -u")
 	if strings.TrimSpace(string(res.Stdout)) != "1000" {
 		t.Errorf("setuid binary: %q %q", res.Stdout, res.Stderr)
 	}
-	// #15 and #18.
+	// Cases 15 and 18.
 	if got := strings.TrimSpace(string(sh(t, sb, "id -u; ulimit -n").Stdout)); got != "1000\n4096" {
 		t.Errorf("id and ulimit: %q", got)
 	}
-	// #19: nothing of the docker socket or the server in the environment.
+	// Case 19: nothing of the docker socket or the server in the environment.
 	if env := string(run(t, sb, "env").Stdout); strings.Contains(strings.ToLower(env), "docker") || strings.Contains(env, "SANDBOX_MCP_TOKEN") {
 		t.Errorf("environment: %s", env)
 	}
@@ -149,20 +144,16 @@ func TestSecurityCPULimit(t *testing.T) {
 }
 
 // TestSecuritySymlinkSwap races file calls against a loop inside the sandbox
-// that keeps swapping a directory with a symlink to /tmp (security-cases §3
-// #10): no read returns the outside file, no write lands outside.
+// that keeps swapping a directory with a symlink to /tmp (path case 10 of
+// docs/attack-cases.md): no read returns the outside file, no write lands
+// outside.
 func TestSecuritySymlinkSwap(t *testing.T) {
 	m := testManager(t, nil)
 	sb := newSandbox(t, m)
 	ctx := context.Background()
 	sh(t, sb, "echo SECRET > /tmp/secret; mkdir d; echo inside > d/secret")
-	swapper := make(chan struct{})
-	go func() {
-		defer close(swapper)
-		_, _ = sb.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c",
-			"while :; do mv d d.real; ln -s /tmp d; rm d; mv d.real d; done"}, Cwd: ".", Timeout: 6 * time.Second})
-	}()
-	time.Sleep(200 * time.Millisecond)
+	swapper := execStarted(t, ctx, sb, ExecRequest{Argv: []string{"sh", "-c",
+		"echo started; while :; do mv d d.real; ln -s /tmp d; rm d; mv d.real d; done"}, Timeout: 6 * time.Second})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	reads, writes, inside := 0, 0, 0
@@ -277,8 +268,11 @@ func TestImpersonationChangesNoResult(t *testing.T) {
 	}
 
 	const attackSecs = 8
-	sh(t, sb, fmt.Sprintf("/tmp/intruder impersonate %d /tmp/intruder.log >/dev/null 2>&1 &", attackSecs))
-	time.Sleep(300 * time.Millisecond)
+	// The intruder runs beside the calls below; the shell that started it
+	// waits for it, so the call ends when the attack does.
+	attack := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c",
+		fmt.Sprintf("/tmp/intruder impersonate %d /tmp/intruder.log >/dev/null 2>&1 & echo started; wait", attackSecs)},
+		Timeout: 2 * attackSecs * time.Second})
 	deadline := time.Now().Add(attackSecs*time.Second - time.Second)
 	calls := 0
 	for i := 0; time.Now().Before(deadline); i++ {
@@ -317,7 +311,7 @@ func TestImpersonationChangesNoResult(t *testing.T) {
 		calls++
 	}
 	// What the intruder tried, and that none of it worked.
-	time.Sleep(time.Second)
+	<-attack
 	log := string(run(t, sb, "cat", "/tmp/intruder.log").Stdout)
 	t.Logf("%d rounds of calls; the intruder's attempts:\n%s", calls, log)
 	counts := map[string]int{}
@@ -434,12 +428,7 @@ func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
 	sb.mu.Lock()
 	inst := sb.cur
 	sb.mu.Unlock()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := sb.Exec(ctx, ExecRequest{Argv: []string{"sleep", "5"}, Cwd: ".", Timeout: 20 * time.Second})
-		errc <- err
-	}()
-	time.Sleep(500 * time.Millisecond)
+	done := execStarted(t, ctx, sb, ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 5"}, Timeout: 20 * time.Second})
 	ex, err := testenv.Engine(t).ExecCreate(ctx, inst.box.Name(), client.ExecCreateOptions{
 		User: "0:0", Cmd: []string{"kill", "-9", strconv.Itoa(inst.conn.hello.PID)},
 	})
@@ -449,5 +438,5 @@ func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
 	if _, err := testenv.Engine(t).ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true}); err != nil {
 		t.Fatalf("kill the agent: %v", err)
 	}
-	return <-errc
+	return (<-done).err
 }

@@ -41,7 +41,7 @@ func newSeed(dir string, maxBytes int64) (*seed, error) {
 	}
 	os.Remove(f.Name())
 	h := sha256.New()
-	res, err := ws.SnapshotTree(io.MultiWriter(f, h), agentproto.Limits{MaxBytes: maxBytes, MaxDepth: 256, MaxEntries: 1 << 20},
+	res, err := ws.SnapshotTree(io.MultiWriter(f, h), agentproto.TreeLimits(maxBytes),
 		workspace.SnapshotOptions{OwnLinksOnly: true})
 	if err != nil {
 		f.Close()

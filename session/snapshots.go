@@ -248,7 +248,7 @@ func (s *SnapshotStore) oldestOfBiggest(protect string, size func(usage) int64) 
 
 // evict deletes a stored snapshot and drops it from the index. s.mu is held.
 func (s *SnapshotStore) evict(id string) error {
-	if err := s.remove(id); err != nil && err != ErrSnapshotNotFound {
+	if err := s.remove(id); err != nil && !errors.Is(err, ErrSnapshotNotFound) {
 		return fmt.Errorf("snapshot store: apply retention: %w", err)
 	}
 	s.stored = slices.DeleteFunc(s.stored, func(in SnapshotInfo) bool { return in.ID == id })
@@ -584,5 +584,5 @@ func (s *SnapshotStore) remove(id string) error {
 // stream holds the workspace's bytes plus headers and padding: the workspace
 // cap plus some room for those is the ceiling.
 func snapshotLimits(p policy.Policy) agentproto.Limits {
-	return agentproto.Limits{MaxBytes: p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20, MaxEntries: 1 << 20, MaxDepth: 256}
+	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
 }

@@ -48,23 +48,21 @@ func deleteDef(p policy.Policy) *mcp.Tool {
 	}
 }
 
-func (d *Deps) deletePath(ctx context.Context, c *call, in DeleteIn) (*mcp.CallToolResult, DeleteOut, error) {
-	var out DeleteOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+func (in DeleteIn) target() string { return in.Sandbox }
+
+// checkDelete makes in.Path relative to the workspace.
+func (d *Deps) checkDelete(in DeleteIn) (DeleteIn, error) {
+	rel, err := d.changeablePath(in.Path)
 	if err != nil {
-		return nil, out, err
+		return in, err
 	}
-	out.Sandbox = sb.ID()
-	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	rel, dec := policy.WorkspacePath(in.Path)
-	if !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	if dec := policy.CheckRenamable(rel); !dec.Allow {
-		return nil, out, dec.Err()
-	}
+	in.Path = rel
+	return in, nil
+}
+
+func (d *Deps) deletePath(ctx context.Context, c *call, sb Sandbox, in DeleteIn) (*mcp.CallToolResult, DeleteOut, error) {
+	out := DeleteOut{Sandbox: sb.ID()}
+	rel := in.Path
 	res, err := sb.Delete(ctx, rel, in.Recursive)
 	if err != nil {
 		return nil, out, err

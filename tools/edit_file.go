@@ -53,26 +53,24 @@ func editDef(p policy.Policy) *mcp.Tool {
 	}
 }
 
-func (d *Deps) editFile(ctx context.Context, c *call, in EditIn) (*mcp.CallToolResult, EditOut, error) {
-	var out EditOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+func (in EditIn) target() string { return in.Sandbox }
+
+// checkEdit makes in.Path relative to the workspace.
+func (d *Deps) checkEdit(in EditIn) (EditIn, error) {
+	rel, err := d.changeablePath(in.Path)
 	if err != nil {
-		return nil, out, err
+		return in, err
 	}
-	out.Sandbox = sb.ID()
-	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, dec.Err()
+	if dec := d.Policy.CheckEdit(in.OldString, in.NewString); !dec.Allow {
+		return in, dec.Err()
 	}
-	rel, dec := policy.WorkspacePath(in.Path)
-	if !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	if dec := policy.CheckRenamable(rel); !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	if dec := d.Policy.CheckEdit(len(in.OldString), len(in.NewString)); !dec.Allow {
-		return nil, out, dec.Err()
-	}
+	in.Path = rel
+	return in, nil
+}
+
+func (d *Deps) editFile(ctx context.Context, c *call, sb Sandbox, in EditIn) (*mcp.CallToolResult, EditOut, error) {
+	out := EditOut{Sandbox: sb.ID()}
+	rel := in.Path
 	// The strings are held with the arguments (holdArguments) and streamed
 	// to the sandbox from them; the file itself never leaves it.
 	if err := d.reserve(ctx, c, policy.StreamReserve(), 0, "or edit in smaller steps"); err != nil {

@@ -7,12 +7,16 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
+
+// NameExec is the name of the tool that runs a command.
+const NameExec = "sandbox_exec"
 
 // ExecIn is sandbox_exec's input.
 type ExecIn struct {
@@ -41,65 +45,123 @@ type ExecOut struct {
 	Hint            string `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
 }
 
+func execDef(p policy.Policy) *mcp.Tool {
+	desc := "Run a command in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
+		"Give argv (a program and its arguments, no shell) or command (a shell line). " +
+		"The working directory is /workspace (or cwd, relative to it); files persist between calls, the shell's cd and variables do not. " +
+		"A non-zero exit code is a normal result. Past timeout_ms the command is killed with every process it started. " +
+		"Long output keeps its head and tail; the rest is read with sandbox_job. background: true returns at once (servers, watchers, long builds)."
+	switch p.Exec {
+	case policy.ExecAllowlist:
+		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."
+	case policy.ExecDeny:
+		desc += " This server does not run commands; every call is refused."
+	}
+	return &mcp.Tool{
+		Name:         NameExec,
+		Title:        "Run a command in the sandbox",
+		Description:  desc,
+		InputSchema:  execInputSchema(p),
+		OutputSchema: outputSchema[ExecOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Run a command in the sandbox",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(true),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(p.Network != policy.NetworkNone),
+		},
+	}
+}
+
+func execInputSchema(p policy.Policy) *jsonschema.Schema {
+	return inputSchema[ExecIn](func(s *jsonschema.Schema) {
+		argv := s.Properties["argv"]
+		argv.MinItems, argv.MaxItems = intp(1), intp(policy.MaxArgv)
+		argv.Items.MinLength = nil
+		env := s.Properties["env"]
+		env.PropertyNames = &jsonschema.Schema{Type: "string", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`}
+		to := s.Properties["timeout_ms"]
+		to.Minimum = new(float64(0))
+		to.Maximum = new(float64(p.MaxExecTimeout.Milliseconds()))
+		to.Description += fmt.Sprintf(" Default %d, at most %d.", p.ExecTimeout.Milliseconds(), p.MaxExecTimeout.Milliseconds())
+	})
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ", "
+		}
+		out += v
+	}
+	return out
+}
+
 // maxLabel bounds a job's label (the command as listed).
 const maxLabel = 200
 
-func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
-	var out ExecOut
+func (in ExecIn) target() string { return in.Sandbox }
+
+// execReq is a command policy let through: the input with its cwd made
+// relative to the workspace, and what the checks found.
+type execReq struct {
+	ExecIn
+	env     []string
+	timeout time.Duration // 0: a background job without a timeout
+	// mistake is what looks wrong in argv without being refused (a shell
+	// line in one item, say), told to the model with the result.
+	mistake string
+}
+
+func (d *Deps) checkExec(in ExecIn) (execReq, error) {
 	p := d.Policy
 	if dec := p.CanExec(); !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
 	if dec := policy.CheckCommand(in.Argv, in.Command); !dec.Allow {
-		return nil, out, dec.Err()
+		return execReq{}, dec.Err()
 	}
-	mistake := ""
+	req := execReq{ExecIn: in}
 	if in.Command == "" {
 		m, refuse := policy.ArgvMistake(in.Argv)
 		if refuse {
-			return nil, out, errcode.Errorf(errcode.InvalidArgument, "%s", m)
+			return execReq{}, errcode.Errorf(errcode.InvalidArgument, "%s", m)
 		}
-		mistake = m
+		req.mistake = m
 		if dec := policy.CheckArgv(in.Argv); !dec.Allow {
-			return nil, out, dec.Err()
+			return execReq{}, dec.Err()
 		}
 	}
-	env, dec := policy.CheckEnv(in.Env)
-	if !dec.Allow {
-		return nil, out, dec.Err()
+	var dec policy.Decision
+	if req.env, dec = policy.CheckEnv(in.Env); !dec.Allow {
+		return execReq{}, dec.Err()
 	}
-	cwd, dec := policy.WorkspacePath(in.Cwd)
-	if !dec.Allow {
-		return nil, out, dec.Err()
+	if req.Cwd, dec = policy.WorkspacePath(in.Cwd); !dec.Allow {
+		return execReq{}, dec.Err()
 	}
-	timeout, dec := p.ExecTimeoutFor(in.TimeoutMS)
-	if !dec.Allow {
-		return nil, out, dec.Err()
+	if req.timeout, dec = p.ExecTimeoutFor(in.TimeoutMS); !dec.Allow {
+		return execReq{}, dec.Err()
 	}
 	if in.Background && in.TimeoutMS == 0 {
-		timeout = 0 // a background job runs until it ends or is signalled
+		req.timeout = 0 // a background job runs until it ends or is signalled
 	}
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+	return req, nil
+}
+
+func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.CallToolResult, ExecOut, error) {
+	out := ExecOut{Sandbox: sb.ID()}
+	p := d.Policy
+	cwd, env, timeout, mistake := in.Cwd, in.env, in.timeout, in.mistake
 
 	argv, label := in.Argv, strings.Join(in.Argv, " ")
 	program := ""
 	if in.Command != "" {
 		label = in.Command
 		// The image's bash, else its sh, runs the line.
-		shells, err := sb.Resolve(ctx, policy.Shells, ".")
+		shell, resolved, err := sb.Shell(ctx)
 		if err != nil {
 			return nil, out, err
-		}
-		shell, resolved := policy.Shells[0], ""
-		for i, r := range shells {
-			if r != "" {
-				shell, resolved = policy.Shells[i], r
-				break
-			}
 		}
 		var allowed map[string]string
 		if p.NeedsResolve() {
@@ -193,7 +255,12 @@ func (d *Deps) exec(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResul
 	c.exit = &out.ExitCode
 	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
-	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
+	// The output travels once where it can (as a read's content does): a
+	// client that shows structured content finds it there, and the text
+	// repeats it only when it is short, for a client older than structured
+	// content, or for an error (clients show an error's text).
+	full := out.TimedOut || textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out, full)}}}
 	if out.TimedOut {
 		result.SetError(timedOut(timeout)) // the text below starts with it
 	}
@@ -206,8 +273,9 @@ func timedOut(timeout time.Duration) *errcode.Error {
 }
 
 // renderExec is the text a model reads where a client shows the text: a
-// status line, each stream, and the hint.
-func renderExec(out ExecOut) string {
+// status line, each stream (or, unless full, where to find it), and the
+// hint.
+func renderExec(out ExecOut, full bool) string {
 	var b strings.Builder
 	if out.TimedOut {
 		b.WriteString("TIMEOUT: ")
@@ -227,8 +295,12 @@ func renderExec(out ExecOut) string {
 			b.WriteByte('\n')
 		}
 	}
-	section("stdout", out.Stdout)
-	section("stderr", out.Stderr)
+	if full {
+		section("stdout", out.Stdout)
+		section("stderr", out.Stderr)
+	} else {
+		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
+	}
 	if out.Hint != "" && !out.TimedOut {
 		b.WriteString("--- hint ---\n" + out.Hint + "\n")
 	}

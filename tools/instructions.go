@@ -60,6 +60,9 @@ func Instructions(v PolicyView, defaultImage string) string {
 	}
 	fmt.Fprintf(&b, "Files up to %s per read or write; results carry at most %s of output (head and tail); the workspace holds %s; %s of memory, %g CPU, %d processes. ",
 		sizeOf(p.MaxFileBytes), sizeOf(p.MaxOutputBytes), sizeOf(p.MaxWorkspaceBytes), sizeOf(p.Memory), p.CPUs, p.Pids)
+	for _, sec := range v.Secrets {
+		fmt.Fprintf(&b, "$%s is the credential for %s: it holds a placeholder the proxy replaces in HTTPS requests to those hosts, so use it as is. ", sec.Name, strings.Join(sec.Hosts, ", "))
+	}
 	if len(v.EnvNames) > 0 {
 		fmt.Fprintf(&b, "Set for every command: %s. ", strings.Join(v.EnvNames, ", "))
 	}

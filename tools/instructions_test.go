@@ -19,10 +19,15 @@ func configs() map[string]PolicyView {
 	noHosts.Network = policy.NetworkAllowlist
 	return map[string]PolicyView{
 		"default":   ViewOf(def, "sandbox-mcp:default", nil),
-		"allowlist": ViewOf(allow, "registry.example/team/toolchain:1.2", []string{"CI=1", "LANG=C.UTF-8"}),
+		"allowlist": withSecrets(ViewOf(allow, "registry.example/team/toolchain:1.2", []string{"CI=1", "LANG=C.UTF-8"}), SecretView{Name: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}}),
 		"deny":      ViewOf(deny, "sandbox-mcp:default", nil),
 		"no hosts":  ViewOf(noHosts, "sandbox-mcp:default", nil),
 	}
+}
+
+func withSecrets(v PolicyView, s ...SecretView) PolicyView {
+	v.Secrets = s
+	return v
 }
 
 // TestInstructionsFollowTheConfig: the instructions say what each
@@ -38,7 +43,8 @@ func TestInstructionsFollowTheConfig(t *testing.T) {
 			hasNot: []string{"read-only: nothing", "only these programs", "Set for every command"},
 		},
 		"allowlist": {
-			has:    []string{"registry.example/team/toolchain:1.2", "ls /usr/local/bin", "reaches only pypi.org:443, files.pythonhosted.org:443, registry.npmjs.org:443, *.github.com:443", "only these programs run: ls, cat, python3", "Set for every command: CI, LANG"},
+			has: []string{"registry.example/team/toolchain:1.2", "ls /usr/local/bin", "reaches only pypi.org:443, files.pythonhosted.org:443, registry.npmjs.org:443, *.github.com:443", "only these programs run: ls, cat, python3", "Set for every command: CI, LANG",
+				"$GITHUB_TOKEN is the credential for api.github.com, github.com"},
 			hasNot: []string{"python3 with pip", "no network", "C.UTF-8"},
 		},
 		"deny": {

@@ -87,11 +87,11 @@ func jobInputSchema() *jsonschema.Schema {
 	})
 }
 
-func (d *Deps) job(ctx context.Context, c *call, in JobIn) (*mcp.CallToolResult, JobOut, error) {
-	var out JobOut
-	p := d.Policy
-	if dec := p.CanExec(); !dec.Allow {
-		return nil, out, dec.Err()
+func (in JobIn) target() string { return in.Sandbox }
+
+func (d *Deps) checkJob(in JobIn) (JobIn, error) {
+	if dec := d.Policy.CanExec(); !dec.Allow {
+		return in, dec.Err()
 	}
 	var offsets []int64
 	for _, o := range []*int64{in.StdoutOffset, in.StderrOffset} {
@@ -100,13 +100,14 @@ func (d *Deps) job(ctx context.Context, c *call, in JobIn) (*mcp.CallToolResult,
 		}
 	}
 	if dec := policy.CheckJob(in.Job, in.WaitMS, in.Stdin, in.CloseStdin, in.Signal, offsets...); !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+	return in, nil
+}
+
+func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.CallToolResult, JobOut, error) {
+	out := JobOut{Sandbox: sb.ID()}
+	p := d.Policy
 	if in.Job == "" {
 		jobs, err := sb.Jobs(ctx)
 		if err != nil {
@@ -174,7 +175,8 @@ func (d *Deps) job(ctx context.Context, c *call, in JobIn) (*mcp.CallToolResult,
 		notes = append(notes, fmt.Sprintf("KILL ended %d processes", st.Killed))
 	}
 	out.Hint = joinHints(notes...)
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
+	full := textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out, full)}}}, out, nil
 }
 
 func jobEntry(j session.JobInfo) JobEntry {
@@ -204,15 +206,20 @@ func renderJobs(out JobOut) string {
 	return b.String()
 }
 
-func renderJob(out JobOut) string {
+// renderJob is the text of a job result; unless full, the output is only
+// in the structured result (see renderExec).
+func renderJob(out JobOut, full bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s %s", out.Job, out.State)
 	if out.ExitCode != nil {
 		fmt.Fprintf(&b, " (exit code %d)", *out.ExitCode)
 	}
 	fmt.Fprintf(&b, "; stdout_offset %d, stderr_offset %d\n", out.StdoutOffset, out.StderrOffset)
+	if !full {
+		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
+	}
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
-		if s.text == "" {
+		if s.text == "" || !full {
 			continue
 		}
 		fmt.Fprintf(&b, "--- %s ---\n%s", s.name, s.text)

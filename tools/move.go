@@ -49,27 +49,25 @@ func moveDef(p policy.Policy) *mcp.Tool {
 	}
 }
 
-func (d *Deps) move(ctx context.Context, c *call, in MoveIn) (*mcp.CallToolResult, MoveOut, error) {
-	var out MoveOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
+func (in MoveIn) target() string { return in.Sandbox }
+
+// checkMove makes in.From and in.To relative to the workspace.
+func (d *Deps) checkMove(in MoveIn) (MoveIn, error) {
+	from, err := d.changeablePath(in.From)
 	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
-	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	from, dec := policy.WorkspacePath(in.From)
-	if !dec.Allow {
-		return nil, out, dec.Err()
-	}
-	if dec := policy.CheckRenamable(from); !dec.Allow {
-		return nil, out, dec.Err()
+		return in, err
 	}
 	to, dec := policy.WorkspacePath(in.To)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
+	in.From, in.To = from, to
+	return in, nil
+}
+
+func (d *Deps) move(ctx context.Context, c *call, sb Sandbox, in MoveIn) (*mcp.CallToolResult, MoveOut, error) {
+	out := MoveOut{Sandbox: sb.ID()}
+	from, to := in.From, in.To
 	res, err := sb.Move(ctx, from, to, in.Overwrite)
 	if err != nil {
 		return nil, out, err

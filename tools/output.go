@@ -93,9 +93,9 @@ func joinHints(parts ...string) string {
 // bounded by the result's cap (the agent streams no more), so nothing is
 // dropped.
 type progress struct {
-	ctx   context.Context
-	ss    *mcp.ServerSession
-	token any
+	// notify sends one notification: the bytes sent so far in all, and the
+	// message.
+	notify func(sent float64, msg string)
 
 	sendMu sync.Mutex // orders notifications
 	mu     sync.Mutex
@@ -109,7 +109,9 @@ type progress struct {
 const progressEvery = 200 * time.Millisecond
 
 func newProgress(ctx context.Context, ss *mcp.ServerSession, token any) *progress {
-	return &progress{ctx: ctx, ss: ss, token: token}
+	return &progress{notify: func(sent float64, msg string) {
+		_ = ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: sent, Message: msg})
+	}}
 }
 
 // output takes a chunk of a stream ("stdout" or "stderr").
@@ -150,14 +152,7 @@ func (p *progress) flush() {
 			b = b[:len(b)-keep]
 		}
 		p.sent += float64(len(b))
-		if p.ss == nil {
-			continue
-		}
-		_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{
-			ProgressToken: p.token,
-			Progress:      p.sent,
-			Message:       [2]string{"stdout", "stderr"}[i] + ": " + toText(b),
-		})
+		p.notify(p.sent, [2]string{"stdout", "stderr"}[i]+": "+toText(b))
 	}
 }
 

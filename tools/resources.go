@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -33,10 +34,27 @@ type PolicyView struct {
 	MaxEnvBytes      int      `json:"max_env_bytes"`
 	Image            string   `json:"image,omitempty"`
 	EnvNames         []string `json:"env,omitempty"`
+	// Secrets are the variables that hold a placeholder the egress proxy
+	// replaces by a real credential in requests to the hosts listed.
+	Secrets []SecretView `json:"secrets,omitempty"`
 	// The HTTP transport's caps; absent over stdio.
 	MaxSessions          int `json:"max_sessions,omitempty"`
 	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
 	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
+}
+
+// SecretView is a secret as the model sees it: its name and hosts, never
+// its value.
+type SecretView struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+	Note  string   `json:"note"`
+}
+
+// SecretViewOf describes, for the policy resource, the secret of the
+// variable name that the egress proxy puts into requests to hosts.
+func SecretViewOf(name string, hosts []string) SecretView {
+	return SecretView{Name: name, Hosts: hosts, Note: "$" + name + " holds a placeholder; use it as the credential (header, URL user info) in https requests to these hosts and the proxy puts the real value in its place"}
 }
 
 // ViewOf returns the resource view of p.
@@ -51,7 +69,6 @@ func ViewOf(p policy.Policy, image string, env []string) PolicyView {
 }
 
 func registerResources(s *mcp.Server, d *Deps) {
-	m := d.Sessions.Manager()
 	s.AddResource(&mcp.Resource{
 		URI:         PolicyURI,
 		Name:        "policy",
@@ -81,8 +98,8 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		info, f, err := m.Snapshots().Open(id)
-		if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != owner) {
+		info, f, err := d.Sessions.snapshots().Open(id)
+		if errors.Is(err, session.ErrSnapshotNotFound) || (err == nil && info.Owner != owner) {
 			if f != nil {
 				f.Close()
 			}
@@ -161,7 +178,7 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 		if d.Sessions.OwnerOf != nil {
 			owner = d.Sessions.OwnerOf(req.GetExtra())
 		}
-		all, err := d.Sessions.Manager().Snapshots().List()
+		all, err := d.Sessions.snapshots().List()
 		if err != nil {
 			return nil, err
 		}

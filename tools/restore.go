@@ -11,11 +11,8 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
-// Tool names for snapshots beyond sandbox_snapshot.
-const (
-	NameRestore        = "sandbox_restore"
-	NameDeleteSnapshot = "sandbox_snapshot_delete"
-)
+// NameRestore is the name of the tool that restores a snapshot.
+const NameRestore = "sandbox_restore"
 
 // RestoreIn is sandbox_restore's input.
 type RestoreIn struct {
@@ -49,19 +46,20 @@ func restoreDef() *mcp.Tool {
 	}
 }
 
-func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToolResult, RestoreOut, error) {
-	var out RestoreOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
+func (in RestoreIn) target() string { return in.Sandbox }
+
+func (d *Deps) checkRestore(in RestoreIn) (RestoreIn, error) {
 	if dec := d.Policy.CanWrite(); !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
 	if !session.ValidSnapshotID(in.ID) {
-		return nil, out, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
+		return in, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
 	}
+	return in, nil
+}
+
+func (d *Deps) restore(ctx context.Context, c *call, sb Sandbox, in RestoreIn) (*mcp.CallToolResult, RestoreOut, error) {
+	out := RestoreOut{Sandbox: sb.ID()}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}
@@ -76,54 +74,4 @@ func (d *Deps) restore(ctx context.Context, c *call, in RestoreIn) (*mcp.CallToo
 		text += fmt.Sprintf("; %d special files (devices, FIFOs, sockets) were left out", res.Skipped)
 	}
 	return textResult(text), out, nil
-}
-
-// DeleteSnapshotIn is sandbox_snapshot_delete's input.
-type DeleteSnapshotIn struct {
-	ID      string `json:"id" jsonschema:"The snapshot to delete."`
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"Unused by this tool beyond reporting; snapshots belong to you, not to one sandbox."`
-}
-
-// DeleteSnapshotOut is sandbox_snapshot_delete's output.
-type DeleteSnapshotOut struct {
-	Sandbox string `json:"sandbox" jsonschema:"This session's sandbox."`
-	ID      string `json:"id" jsonschema:"The snapshot deleted."`
-}
-
-func deleteSnapshotDef() *mcp.Tool {
-	return &mcp.Tool{
-		Name:         NameDeleteSnapshot,
-		Title:        "Delete a snapshot",
-		Description:  "Use it to delete one of your snapshots from the server when you no longer need it. The workspace is not touched.",
-		InputSchema:  inputSchema[DeleteSnapshotIn](nil),
-		OutputSchema: outputSchema[DeleteSnapshotOut](),
-		Annotations: &mcp.ToolAnnotations{
-			Title:           "Delete a snapshot",
-			DestructiveHint: ptr(true),
-			IdempotentHint:  true,
-			OpenWorldHint:   ptr(false),
-		},
-	}
-}
-
-func (d *Deps) deleteSnapshot(ctx context.Context, c *call, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
-	var out DeleteSnapshotOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
-	out.Sandbox = sb.ID()
-	store := d.Sessions.Manager().Snapshots()
-	info, err := store.Get(in.ID)
-	if err == session.ErrSnapshotNotFound || (err == nil && info.Owner != sb.Owner()) {
-		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)
-	}
-	if err != nil {
-		return nil, out, err
-	}
-	if err := store.Delete(in.ID); err != nil && err != session.ErrSnapshotNotFound {
-		return nil, out, err
-	}
-	out.ID = in.ID
-	return textResult("deleted snapshot " + in.ID), out, nil
 }

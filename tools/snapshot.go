@@ -10,6 +10,9 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
+// NameSnapshot is the name of the tool that snapshots a workspace.
+const NameSnapshot = "sandbox_snapshot"
+
 // SnapshotIn is sandbox_snapshot's input.
 type SnapshotIn struct {
 	Label   string `json:"label,omitempty" jsonschema:"A note to remember the snapshot by."`
@@ -28,13 +31,28 @@ type SnapshotOut struct {
 	URI       string `json:"uri" jsonschema:"MCP resource to read the snapshot from."`
 }
 
-func (d *Deps) snapshot(ctx context.Context, c *call, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
-	var out SnapshotOut
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
+func snapshotDef() *mcp.Tool {
+	return &mcp.Tool{
+		Name:  NameSnapshot,
+		Title: "Snapshot the sandbox's workspace",
+		Description: "Use it when the workspace must outlive this session or you may want to roll back: nothing made with sandbox_exec lasts past the session. " +
+			"It saves the whole workspace as a tar archive on the server, readable as the MCP resource at uri; files only, not processes.",
+		InputSchema:  inputSchema[SnapshotIn](nil),
+		OutputSchema: outputSchema[SnapshotOut](),
+		Annotations: &mcp.ToolAnnotations{
+			Title:           "Snapshot the sandbox's workspace",
+			ReadOnlyHint:    false,
+			DestructiveHint: ptr(false),
+			IdempotentHint:  false,
+			OpenWorldHint:   ptr(false),
+		},
 	}
-	out.Sandbox = sb.ID()
+}
+
+func (in SnapshotIn) target() string { return in.Sandbox }
+
+func (d *Deps) snapshot(ctx context.Context, c *call, sb Sandbox, in SnapshotIn) (*mcp.CallToolResult, SnapshotOut, error) {
+	out := SnapshotOut{Sandbox: sb.ID()}
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}

@@ -23,24 +23,34 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
-// listTools returns the tools exactly as a client sees them.
-func listTools(t *testing.T, p policy.Policy) []*mcp.Tool {
+// connect serves the tools of d over the go-sdk's in-memory transports and
+// returns a client session to them; opts, if not nil, are the client
+// session's (an older protocol version, say). Both ends close when the
+// test ends.
+func connect(t *testing.T, d *Deps, opts *mcp.ClientSessionOptions) *mcp.ClientSession {
 	t.Helper()
 	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
-	Register(s, &Deps{Policy: p, Sessions: NewSessions(nil), Logger: slog.New(slog.DiscardHandler)})
+	Register(s, d)
 	st, ct := mcp.NewInMemoryTransports()
 	ctx := context.Background()
 	ss, err := s.Connect(ctx, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ss.Close()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, nil)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, opts)
 	if err != nil {
+		ss.Close()
 		t.Fatal(err)
 	}
-	defer cs.Close()
-	res, err := cs.ListTools(ctx, nil)
+	t.Cleanup(func() { cs.Close(); ss.Wait() })
+	return cs
+}
+
+// listTools returns the tools exactly as a client sees them.
+func listTools(t *testing.T, p policy.Policy) []*mcp.Tool {
+	t.Helper()
+	cs := connect(t, &Deps{Policy: p, Sessions: NewSessions(nil), Logger: slog.New(slog.DiscardHandler)}, nil)
+	res, err := cs.ListTools(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,9 +216,11 @@ func TestCancelledCallIsNoToolError(t *testing.T) {
 		"any error": errors.New("agent: stream closed"),
 	} {
 		recs = nil
-		h := wrap(d, NameExec, func(ctx context.Context, c *call, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
-			<-ctx.Done()
-			return nil, ExecOut{}, err
+		// The call fails as its context has ended already.
+		fail := func(in ExecIn) (ExecIn, error) { return in, err }
+		h := wrap(d, NameExec, fail, func(ctx context.Context, c *call, sb Sandbox, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+			t.Fatal("run after a failed check")
+			return nil, ExecOut{}, nil
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()

@@ -40,16 +40,21 @@ func viewImageDef() *mcp.Tool {
 	}
 }
 
-func (d *Deps) viewImage(ctx context.Context, c *call, in ViewImageIn) (*mcp.CallToolResult, noOutput, error) {
-	var out noOutput
-	sb, err := d.Sessions.sandbox(c, in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
+func (in ViewImageIn) target() string { return in.Sandbox }
+
+// checkViewImage makes in.Path relative to the workspace.
+func checkViewImage(in ViewImageIn) (ViewImageIn, error) {
 	rel, dec := policy.WorkspacePath(in.Path)
 	if !dec.Allow {
-		return nil, out, dec.Err()
+		return in, dec.Err()
 	}
+	in.Path = rel
+	return in, nil
+}
+
+func (d *Deps) viewImage(ctx context.Context, c *call, sb Sandbox, in ViewImageIn) (*mcp.CallToolResult, noOutput, error) {
+	var out noOutput
+	rel := in.Path
 	const advice = "or make the image smaller"
 	if err := d.reserve(ctx, c, policy.ReadReserve(d.Policy.ReadLimit(0)), reserveWait, advice); err != nil {
 		return nil, out, err

@@ -245,7 +245,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 }
 
-// TestSnapshotSparseCap covers §3.1 row 25: a 1 TiB sparse file hits the
+// TestSnapshotSparseCap covers path case 25: a 1 TiB sparse file hits the
 // byte cap at once, without being read.
 func TestSnapshotSparseCap(t *testing.T) {
 	e := newEnv(t)
@@ -269,7 +269,7 @@ func TestSnapshotSparseCap(t *testing.T) {
 	}
 }
 
-// TestSnapshotSpecialFiles covers §3.1 rows 26 and 27: FIFOs and sockets are
+// TestSnapshotSpecialFiles covers path cases 26 and 27: FIFOs and sockets are
 // skipped without blocking; symlinks are stored, never followed.
 func TestSnapshotSpecialFiles(t *testing.T) {
 	e := newEnv(t)
@@ -303,7 +303,7 @@ func TestSnapshotSpecialFiles(t *testing.T) {
 	}
 }
 
-// TestSnapshotLimits covers §3.1 row 28: entry, depth and byte caps, exact
+// TestSnapshotLimits covers path case 28: entry, depth and byte caps, exact
 // at the limit.
 func TestSnapshotLimits(t *testing.T) {
 	e := newEnv(t)
@@ -363,7 +363,7 @@ func mkdeep(t *testing.T, e *env, name string, n int) {
 	unix.Close(fd)
 }
 
-// TestDeepTree covers row 13 and §3.1 row 28: a 5,000-deep tree is capped
+// TestDeepTree covers path cases 13 and 28: a 5,000-deep tree is capped
 // quickly by snapshot, listed to 64 levels, and removed by a restore.
 func TestDeepTree(t *testing.T) {
 	e := newEnv(t)
@@ -388,7 +388,7 @@ func TestDeepTree(t *testing.T) {
 	}
 }
 
-// TestSnapshotDuringChanges covers §3.1 row 29: a writer loop changes files
+// TestSnapshotDuringChanges covers path case 29: a writer loop changes files
 // (sizes, types, deletions) while snapshots run; each completes with a valid
 // archive or fails cleanly.
 func TestSnapshotDuringChanges(t *testing.T) {
@@ -452,7 +452,7 @@ func TestSnapshotDuringChanges(t *testing.T) {
 	}
 }
 
-// TestRestoreHostile covers §3.1 row 30: crafted archives are rejected (and
+// TestRestoreHostile covers path case 30: crafted archives are rejected (and
 // the workspace left as it was) or neutralised.
 func TestRestoreHostile(t *testing.T) {
 	type check func(t *testing.T, e *env)

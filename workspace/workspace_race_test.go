@@ -18,8 +18,8 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
-// TestSymlinkSwapRace covers security-cases §3 row 10 (CVE-2018-15664
-// pattern): while "d" keeps switching between a real directory and a
+// TestSymlinkSwapRace covers path case 10 of docs/attack-cases.md (the
+// CVE-2018-15664 pattern): while "d" keeps switching between a real directory and a
 // symlink to the outside directory, thousands of reads, writes, lists,
 // OpenDirs and snapshots never return outside content and never write
 // outside.

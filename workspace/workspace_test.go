@@ -27,9 +27,9 @@ const (
 	notFoundCode = errcode.NotFound
 )
 
-// TestReadConfinement covers security-cases §3 rows 1, 2, 4, 5, 6 (read),
-// 8, 9, 12, 13, 15, 21 for ReadFile: every way out is refused with the right
-// code, and the canary never comes back.
+// TestReadConfinement covers the path cases of docs/attack-cases.md 1, 2,
+// 4, 5, 6 (read), 8, 9, 12, 13, 15 and 21 for ReadFile: every way out is
+// refused with the right code, and the canary never comes back.
 func TestReadConfinement(t *testing.T) {
 	long := strings.Repeat("n", 256)
 	deep := strings.Repeat("a/", 2000) + "x" // 4001 bytes of short components
@@ -97,7 +97,7 @@ func TestReadConfinement(t *testing.T) {
 	}
 }
 
-// TestReadInside covers row 3 and in-workspace symlinks: paths that stay
+// TestReadInside covers path case 3 and in-workspace symlinks: paths that stay
 // inside work, whatever their spelling.
 func TestReadInside(t *testing.T) {
 	e := newEnv(t)
@@ -208,7 +208,7 @@ func within(t *testing.T, d time.Duration, what string, fn func()) {
 	}
 }
 
-// TestSpecialFiles covers rows 14 and 15: FIFOs and sockets are refused at
+// TestSpecialFiles covers path cases 14 and 15: FIFOs and sockets are refused at
 // once, never opened in a blocking way.
 func TestSpecialFiles(t *testing.T) {
 	e := newEnv(t)
@@ -247,7 +247,7 @@ func TestSpecialFiles(t *testing.T) {
 	}
 }
 
-// TestReadSparseHuge covers row 16: a 100 GiB sparse file is not read
+// TestReadSparseHuge covers path case 16: a 100 GiB sparse file is not read
 // beyond max.
 func TestReadSparseHuge(t *testing.T) {
 	e := newEnv(t)
@@ -383,7 +383,7 @@ func noTemps(t *testing.T, dir string) {
 	})
 }
 
-// TestWriteConfinement covers rows 6 (write), 7, 18 and 19: writes never
+// TestWriteConfinement covers path cases 6 (write), 7, 18 and 19: writes never
 // go through a symlink, never land outside.
 func TestWriteConfinement(t *testing.T) {
 	cases := []struct {
@@ -492,7 +492,7 @@ func TestAppend(t *testing.T) {
 	noTemps(t, e.dir)
 }
 
-// TestConcurrentWrites covers row 24: the final content is exactly one of
+// TestConcurrentWrites covers path case 24: the final content is exactly one of
 // the inputs.
 func TestConcurrentWrites(t *testing.T) {
 	e := newEnv(t)
@@ -558,7 +558,7 @@ func paths(ents []agentproto.Entry) []string {
 	return p
 }
 
-// TestList covers rows 20 and 23 and the List contract.
+// TestList covers path cases 20 and 23 and the List contract.
 func TestList(t *testing.T) {
 	e := newEnv(t)
 	e.file("b.txt", "bbb")
@@ -665,7 +665,7 @@ func TestList(t *testing.T) {
 	if err != nil || len(ents) != 0 || !res.Truncated {
 		t.Fatalf("max 0: %+v %v", res, err)
 	}
-	// Ways out (row 23, row 6 for list).
+	// Ways out (path cases 23, and 6 for list).
 	for _, p := range []string{"..", "/", "/etc", "outlink", "outlink/", "../outside", "sub/../.."} {
 		_, _, err := listAll(e.w, p, false, 100)
 		wantCode(t, err, outsideCode, p)
@@ -680,7 +680,7 @@ func TestList(t *testing.T) {
 	e.checkOutside()
 }
 
-// TestListOddNames covers row 20: names with control characters, invalid
+// TestListOddNames covers path case 20: names with control characters, invalid
 // UTF-8 and a leading dash are listed, as valid UTF-8 JSON.
 func TestListOddNames(t *testing.T) {
 	e := newEnv(t)
@@ -735,7 +735,7 @@ func TestListDeep(t *testing.T) {
 	}
 }
 
-// TestOpenDir covers row 14: a cwd must resolve inside.
+// TestOpenDir covers path case 14: a cwd must resolve inside.
 func TestOpenDir(t *testing.T) {
 	e := newEnv(t)
 	e.file("sub/f", "x")
@@ -922,7 +922,7 @@ func TestMounts(t *testing.T) {
 		t.Fatalf("a failed write left %q", paths(ents))
 	}
 	var ierr error
-	for i := range 100 { // inode exhaustion (row 22)
+	for i := range 100 { // inode exhaustion (path case 22)
 		if _, ierr = w.WriteFile(fmt.Sprintf("f%d", i), strings.NewReader(""), 0, false, 0o644); ierr != nil {
 			break
 		}

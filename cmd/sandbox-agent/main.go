@@ -41,7 +41,7 @@ func main() {
 		hold()
 		return
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "agent")
 	fs := flag.NewFlagSet("sandbox-agent", flag.ContinueOnError)
 	userFlag := fs.String("user", "", "UID:GID of the sandbox user every command runs as (required)")
 	unprivileged := fs.Bool("unprivileged", false, "run as the sandbox user with no capability (a pod under Pod Security restricted): commands run as the agent's own user")
@@ -54,18 +54,18 @@ func main() {
 	}
 	user, err := agent.ParseUser(*userFlag)
 	if err != nil {
-		log.Error("agent: bad -user", "err", err)
+		log.Error("bad -user", "err", err)
 		os.Exit(2)
 	}
 	if !*unprivileged {
 		if err := agent.DropPrivileges(user); err != nil {
-			log.Error("agent: cannot take the sandbox user's identity", "err", err)
+			log.Error("cannot take the sandbox user's identity", "err", err)
 			os.Exit(1)
 		}
 	}
 	workspace := os.Getenv("SANDBOX_MCP_WORKSPACE")
 	if workspace == "" {
-		workspace = "/workspace"
+		workspace = agentproto.Workspace
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -159,6 +159,61 @@ func (b *bench) warmExec(ctx context.Context) error {
 	return nil
 }
 
+// idleGap is how long the model thinks between two calls in idleExec.
+const idleGap = time.Second
+
+// idleExec: sandbox_exec of `true` after idleGap of silence each time, the
+// way an agent calls (a model thinks between calls), against `docker exec`
+// (CLI) after the same silence. Idle costs what warm loops hide: caches
+// gone cold, a scheduler that parked its threads, a stream that went quiet.
+func (b *bench) idleExec(ctx context.Context) error {
+	srv, err := b.startServer()
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	cs, err := srv.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cs.Close()
+	if err := execTrue(ctx, cs); err != nil {
+		return err
+	}
+	var ours []float64
+	for range b.n(20) {
+		time.Sleep(idleGap)
+		start := time.Now()
+		if err := execTrue(ctx, cs); err != nil {
+			return err
+		}
+		ours = append(ours, ms(time.Since(start)))
+	}
+	b.series("sandbox_exec true after 1 s idle", ours)
+
+	name, rm, err := b.baselineContainer()
+	if err != nil {
+		return err
+	}
+	defer rm()
+	var cli []float64
+	for range b.n(10) {
+		time.Sleep(idleGap)
+		one, err := timeCmd(1, nil, "docker", "exec", name, "true")
+		if err != nil {
+			return err
+		}
+		cli = append(cli, one...)
+	}
+	b.series("docker exec CONTAINER true after 1 s idle (CLI)", cli)
+	r := median(ours) / median(cli)
+	b.add(Row{Measure: "warm `sandbox_exec` of `true` after 1 s idle vs the CLI",
+		Value:    fmt.Sprintf("p50 %s, p99 %s", fmtMs(median(ours)), fmtMs(percentile(ours, 99))),
+		Baseline: fmt.Sprintf("`docker exec CONTAINER true` after 1 s idle: p50 %s, p99 %s", fmtMs(median(cli)), fmtMs(percentile(cli, 99))),
+		Ratio:    r, Goal: "p50 ≤ 0.05×", Met: r <= 0.05})
+	return nil
+}
+
 // apiExecs times n engine-API execs of `true` (create, start attached,
 // read to the end, inspect the exit code), as a server without an agent
 // would make them.

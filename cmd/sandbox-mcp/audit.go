@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/sandbox-mcp/sandbox-mcp/tools"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 )
 
 const auditUsage = `Usage:
@@ -40,7 +40,7 @@ func auditCmd(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 	}
 	// Read the key, never make one: a new key would give digests that
 	// match nothing in the log.
-	key, err := tools.ReadAuditKey(cfg.StateDir)
+	key, err := audit.ReadKey(cfg.StateDir)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox-mcp audit digest: %v (the server makes the key at its first start with --audit-log; name its --state-dir)\n", err)
 		return 1
@@ -54,6 +54,6 @@ func auditCmd(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 		fmt.Fprintf(stderr, "sandbox-mcp audit digest: more than %d bytes on stdin; no tool call's arguments are that large\n", maxAuditArgs)
 		return 1
 	}
-	fmt.Fprintln(stdout, tools.AuditDigest(key, in))
+	fmt.Fprintln(stdout, audit.Digest(key, in))
 	return 0
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandbox-mcp/sandbox-mcp/tools"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 )
 
 // TestAuditDigestCommand: `audit digest` prints the server's digest of the
@@ -21,17 +21,17 @@ func TestAuditDigestCommand(t *testing.T) {
 	if code == 0 || !strings.Contains(errs.String(), "--state-dir") {
 		t.Fatalf("without a key: exit %d, %q", code, errs.String())
 	}
-	if _, err := os.Stat(filepath.Join(state, tools.AuditKeyFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(state, audit.KeyFile)); err == nil {
 		t.Fatal("audit digest made a key")
 	}
 
-	key, err := tools.LoadAuditKey(state) // as the server does at start
+	key, err := audit.LoadKey(state) // as the server does at start
 	if err != nil {
 		t.Fatal(err)
 	}
 	out.Reset()
 	code = run(context.Background(), []string{"audit", "digest", "--state-dir", state}, strings.NewReader("{\"argv\": [\"true\"]}\n"), &out, &errs, env)
-	if want := tools.AuditDigest(key, []byte(`{"argv":["true"]}`)); code != 0 || strings.TrimSpace(out.String()) != want {
+	if want := audit.Digest(key, []byte(`{"argv":["true"]}`)); code != 0 || strings.TrimSpace(out.String()) != want {
 		t.Fatalf("audit digest: exit %d, %q; want %q", code, out.String(), want)
 	}
 	if code := run(context.Background(), []string{"audit", "sign"}, nil, &out, &errs, env); code != 2 {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,6 +71,11 @@ type Config struct {
 	LogLevel string
 	// HTTP configures the streamable HTTP transport (--http and friends).
 	HTTP HTTPConfig
+	// SecretSpecs are the --secret values, NAME@HOST[,HOST...]; Secrets
+	// the same with each value taken from the server's environment variable
+	// NAME (values are secret: never logged, never in an error).
+	SecretSpecs []string
+	Secrets     []netproxy.Secret
 	// AuditLog is the JSON-lines audit file ("" for none).
 	AuditLog string
 	// ConfigFile is the file the configuration was read from, if any.
@@ -123,6 +129,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
+	fs.Var(&secretSpecList{v: &cfg.SecretSpecs, f: f}, "secret", "`NAME@HOST[,HOST...]`, repeatable (several joined by ';' in the environment variable): sandboxes get NAME set to a placeholder, and the egress proxy puts the value of this server's own variable NAME into requests to those hosts in its place; needs --network=allowlist with each host on --allow-host")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
@@ -197,7 +204,9 @@ func parseConfig(args []string, getenv func(string) string) (Config, []string, e
 	}
 	cfg.ConfigFile = file
 	cfg.Env = f.env.resolved
-	err := cfg.Validate()
+	var serr error
+	cfg.Secrets, serr = resolveSecrets(cfg.SecretSpecs, getenv)
+	err := errors.Join(serr, cfg.Validate())
 	if cfg.SeccompProfileFile != "" {
 		var perr error
 		cfg.SeccompProfile, perr = loadSeccompProfile(cfg.SeccompProfileFile)
@@ -344,8 +353,103 @@ func (c Config) Validate() error {
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))
 	}
-	errs = append(errs, c.HTTP.Validate(), checkEnv(c.Env, c.HTTP.Tokens))
+	errs = append(errs, c.HTTP.Validate(), checkEnv(c.Env, c.HTTP.Tokens), c.checkSecrets())
 	return errors.Join(errs...)
+}
+
+// checkSecrets refuses secrets the proxy could not put into requests: they
+// need --network=allowlist and each host on --allow-host. It refuses an
+// --env variable that a secret names (the sandbox gets the placeholder
+// there) or whose value holds a secret's value. No message quotes a value.
+func (c Config) checkSecrets() error {
+	if len(c.Secrets) == 0 {
+		return nil
+	}
+	var errs []error
+	if c.Policy.Network != policy.NetworkAllowlist {
+		errs = append(errs, fmt.Errorf("--secret %s: secrets are put into requests by the egress proxy, which only --network=allowlist has; set --network=allowlist and put each of the secret's hosts on --allow-host", c.Secrets[0].Name))
+	} else if allow, err := netproxy.ParseAllowlist(c.Policy.AllowHosts); err == nil {
+		if err := netproxy.CheckSecrets(c.Secrets, allow); err != nil {
+			errs = append(errs, fmt.Errorf("--secret: %w", err))
+		}
+	}
+	for _, kv := range c.Env {
+		name, val, _ := strings.Cut(kv, "=")
+		if slices.Contains(session.CABundleVars, name) {
+			errs = append(errs, fmt.Errorf("--env %s: with --secret, %s points at the sandbox's CA bundle (the image's roots and the proxy's CA); drop it from --env, and add other CAs to the image's roots instead", name, name))
+		}
+		for _, s := range c.Secrets {
+			switch {
+			case name == s.Name:
+				errs = append(errs, fmt.Errorf("--env %s: %s is a --secret, and the sandboxes get a placeholder in it; drop it from --env", name, name))
+			case s.Value != "" && strings.Contains(val, s.Value):
+				errs = append(errs, fmt.Errorf("--env %s: its value contains the value of the secret %s, and every sandbox would see it; pass the sandboxes a value that holds no secret", name, s.Name))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resolveSecrets parses the --secret values and takes each value from the
+// server's environment variable of the secret's name.
+func resolveSecrets(specs []string, getenv func(string) string) ([]netproxy.Secret, error) {
+	var out []netproxy.Secret
+	var errs []error
+	seen := map[string]bool{}
+	for _, spec := range specs {
+		name, hosts, err := netproxy.ParseSecretSpec(spec)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--secret %w", err))
+			continue
+		}
+		if seen[name] {
+			errs = append(errs, fmt.Errorf("--secret %s is given twice; give it once, with all its hosts after the @", name))
+			continue
+		}
+		seen[name] = true
+		if strings.HasPrefix(strings.ToUpper(name), EnvPrefix) {
+			errs = append(errs, fmt.Errorf("--secret %s: variables named %s* configure this server; keep the secret in a variable of another name", name, EnvPrefix))
+			continue
+		}
+		val := getenv(name)
+		if val == "" {
+			errs = append(errs, fmt.Errorf("--secret %s: this server's environment has no %s; set it where the server starts (its value never goes on the command line or into a sandbox)", name, name))
+			continue
+		}
+		out = append(out, netproxy.Secret{Name: name, Value: val, Hosts: hosts})
+	}
+	return out, errors.Join(errs...)
+}
+
+// secretSpecList is --secret: NAME@HOST[,HOST...], repeatable; one value may
+// hold several joined by ';' (the form of the environment variable). A new
+// layer (file, environment, flags) replaces what an earlier layer set.
+type secretSpecList struct {
+	v      *[]string
+	f      *flagSet
+	source int
+}
+
+func (l *secretSpecList) String() string {
+	if l.v == nil {
+		return ""
+	}
+	return strings.Join(*l.v, ";")
+}
+
+func (l *secretSpecList) Set(s string) error {
+	if l.source != l.f.source {
+		*l.v, l.source = nil, l.f.source
+	}
+	for _, e := range strings.Split(s, ";") {
+		if e = strings.TrimSpace(e); e != "" {
+			if _, _, err := netproxy.ParseSecretSpec(e); err != nil {
+				return err
+			}
+			*l.v = append(*l.v, e)
+		}
+	}
+	return nil
 }
 
 // checkEnv refuses --env variables that would hand the server's own
@@ -487,8 +591,6 @@ type envList struct {
 	f        *flagSet
 }
 
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
 func (e *envList) String() string {
 	names := make([]string, len(e.resolved))
 	for i, kv := range e.resolved {
@@ -499,7 +601,7 @@ func (e *envList) String() string {
 
 func (e *envList) Set(s string) error {
 	name, val, hasVal := strings.Cut(s, "=")
-	if !envName.MatchString(name) {
+	if !policy.ValidEnvName(name) {
 		return fmt.Errorf("%q: want NAME=VALUE or NAME, with NAME matching [A-Za-z_][A-Za-z0-9_]*", name)
 	}
 	if !hasVal {

@@ -72,6 +72,61 @@ type server struct {
 	// sandboxes seen in results, checked for removal at the end
 	mu        sync.Mutex
 	sandboxes map[string]bool
+	// onProgress gets the progress messages of a call, by its token.
+	onProgress map[any]func(msg string)
+	tokens     int
+}
+
+// progressed routes a progress notification to the call that asked for it.
+func (s *server) progressed(r *mcp.ProgressNotificationClientRequest) {
+	s.mu.Lock()
+	f := s.onProgress[r.Params.ProgressToken]
+	s.mu.Unlock()
+	if f != nil {
+		f(r.Params.Message)
+	}
+}
+
+// callDone is how a call made in the background ended.
+type callDone struct {
+	res *mcp.CallToolResult
+	err error
+}
+
+// running starts sh -c script as a sandbox_exec in the background, and
+// returns once the script has printed "started" (its output comes back as
+// progress notifications), so that what the script started before that is
+// running. The channel gets the call's result when it ends.
+func (s *server) running(ctx context.Context, script string) <-chan callDone {
+	s.t.Helper()
+	started := make(chan struct{})
+	var once sync.Once
+	s.mu.Lock()
+	s.tokens++
+	token := fmt.Sprintf("running-%d", s.tokens)
+	if s.onProgress == nil {
+		s.onProgress = map[any]func(string){}
+	}
+	s.onProgress[token] = func(msg string) {
+		if strings.Contains(msg, "started") {
+			once.Do(func() { close(started) })
+		}
+	}
+	s.mu.Unlock()
+	done := make(chan callDone, 1)
+	go func() {
+		res, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Meta: mcp.Meta{"progressToken": token},
+			Arguments: map[string]any{"argv": []string{"sh", "-c", script}}})
+		done <- callDone{res, err}
+	}()
+	select {
+	case <-started:
+	case d := <-done:
+		s.t.Fatalf("%q ended before it printed \"started\": %v %v", script, d.res, d.err)
+	case <-time.After(time.Minute):
+		s.t.Fatalf("%q did not print \"started\" within a minute", script)
+	}
+	return done
 }
 
 type serverOpts struct {
@@ -102,6 +157,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 		if o.progress != nil {
 			o.progress(r)
 		}
+		s.progressed(r)
 	}})
 	// The server answers once its runtime image (the image plus the agent)
 	// exists. For a large image such as the default one, making it commits
@@ -392,10 +448,7 @@ func TestStdioSessionEndRemovesSandbox(t *testing.T) {
 func TestStdioSignalEndsCallsAndCleansUp(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	id := s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
-	go func() {
-		_, _ = s.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "300"}}})
-	}()
-	time.Sleep(500 * time.Millisecond)
+	s.running(context.Background(), "echo started; exec sleep 300")
 	start := time.Now()
 	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -506,12 +559,7 @@ func TestStdioCancelKillsTheCommand(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sh", "-c", "setsid sleep 1001 & sleep 1002"}}})
-		done <- err
-	}()
-	time.Sleep(time.Second)
+	done := s.running(ctx, "setsid sleep 1001 & echo started; sleep 1002")
 	cancel()
 	<-done
 	deadline := time.Now().Add(10 * time.Second)

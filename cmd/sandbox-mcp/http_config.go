@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strings"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
 )
 
 // Defaults and limits of the HTTP transport's configuration.
@@ -125,52 +126,14 @@ func (h HTTPConfig) Validate() error {
 		}
 	}
 	for _, o := range h.AllowOrigins {
-		if _, err := normalizeOrigin(o); err != nil {
+		if _, err := httpguard.NormalizeOrigin(o); err != nil {
 			errs = append(errs, fmt.Errorf("--allow-origin %q: %w", o, err))
 		}
 	}
 	for _, name := range h.AllowHosts {
-		if _, err := normalizeHostName(name); err != nil {
+		if _, err := httpguard.NormalizeHostName(name); err != nil {
 			errs = append(errs, fmt.Errorf("--http-allow-host %q: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// normalizeOrigin returns an allowed origin in the form browsers send:
-// lower-case scheme://host[:port], the default port dropped.
-func normalizeOrigin(o string) (string, error) {
-	if o == "null" || o == "*" {
-		return "", errors.New(`it would let any web page (or a sandboxed frame) drive this server; list each origin as scheme://host[:port]`)
-	}
-	u, err := url.Parse(o)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
-		return "", errors.New("want scheme://host[:port], e.g. https://tools.example.com")
-	}
-	host := strings.ToLower(u.Host)
-	if p := u.Port(); (u.Scheme == "http" && p == "80") || (u.Scheme == "https" && p == "443") {
-		host = strings.ToLower(u.Hostname())
-		if strings.Contains(host, ":") {
-			host = "[" + host + "]"
-		}
-	}
-	return strings.ToLower(u.Scheme) + "://" + host, nil
-}
-
-// normalizeHostName returns the host of a Host header value or of an
-// --http-allow-host entry: lower case, no port, no brackets, no final dot.
-// Ports are not compared: a rebinding attack differs in the name.
-func normalizeHostName(h string) (string, error) {
-	if h == "" || strings.ContainsAny(h, "/@?# \t") {
-		return "", errors.New("want a host name or address, e.g. mcp.example.com")
-	}
-	if host, _, err := net.SplitHostPort(h); err == nil {
-		h = host
-	}
-	h = strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), ".")
-	if h == "" {
-		return "", errors.New("want a host name or address, e.g. mcp.example.com")
-	}
-	return h, nil
 }

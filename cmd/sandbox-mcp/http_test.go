@@ -23,6 +23,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
@@ -175,12 +176,14 @@ func (s *httpServer) tryConnect(token string) (*server, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, nil).
+	c := &server{t: s.t, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
+	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) { c.progressed(r) }}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, opts).
 		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, nil)
 	if err != nil {
 		return nil, err
 	}
-	c := &server{t: s.t, cs: cs, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
+	c.cs = cs
 	s.mu.Lock()
 	s.clients = append(s.clients, c)
 	s.mu.Unlock()
@@ -253,8 +256,8 @@ func (s *httpServer) initialize(h http.Header) string {
 	return id
 }
 
-// TestHTTPAuth covers security-cases §6 #1, #2, #10, #12, #18, #19 and
-// /healthz.
+// TestHTTPAuth covers the HTTP cases of docs/attack-cases.md (as do the
+// "HTTP case" numbers below) 1, 2, 10, 12, 13, 18 and 19, and /healthz.
 func TestHTTPAuth(t *testing.T) {
 	s := startHTTP(t, httpOpts{env: []string{"SANDBOX_MCP_TOKEN=" + tokenA}})
 	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("user:"+tokenA))
@@ -354,7 +357,7 @@ func TestHTTPAuth(t *testing.T) {
 	}
 }
 
-// TestHTTPHostAndOrigin covers security-cases §6 #4 and #6–#9: a bad Host
+// TestHTTPHostAndOrigin covers HTTP cases 4 and 6–9: a bad Host
 // or Origin gets 403 on every method, before authentication.
 func TestHTTPHostAndOrigin(t *testing.T) {
 	s := startHTTP(t, httpOpts{
@@ -438,7 +441,7 @@ func nonLoopbackIPv4(t *testing.T) string {
 	return found[0]
 }
 
-// TestHTTPNonLoopback covers security-cases §6 #5, and the refusal to
+// TestHTTPNonLoopback covers HTTP case 5, and the refusal to
 // serve a network address without a token.
 func TestHTTPNonLoopback(t *testing.T) {
 	ip := nonLoopbackIPv4(t)
@@ -461,7 +464,7 @@ func TestHTTPNonLoopback(t *testing.T) {
 		t.Errorf("no token on a network address: %d", r.status)
 	}
 
-	// §6 #20 with the default --network=none: a sandbox has no network
+	// HTTP case 20 with the default --network=none: a sandbox has no network
 	// interface but its own loopback, so no address of this machine (the
 	// server's included) is reachable from it. With --network=allowlist
 	// the proxy's tests cover it.
@@ -473,7 +476,7 @@ func TestHTTPNonLoopback(t *testing.T) {
 }
 
 // TestHTTPCallers: sessions are separate, sandboxes and snapshots belong to
-// their caller (security-cases §6 #11, #14, #21), clients preferring MCP
+// their caller (HTTP cases 11, 14, 21), clients preferring MCP
 // 2026-07-28 fall back to 2025-11-25, and the audit log records calls.
 func TestHTTPCallers(t *testing.T) {
 	auditPath := t.TempDir() + "/audit.jsonl"
@@ -516,7 +519,7 @@ func TestHTTPCallers(t *testing.T) {
 	if r := a2.ok("sandbox_read_file", map[string]any{"path": "mine.txt", "sandbox": idA}); r["content"] != "alpha" || r["sandbox"] != idA {
 		t.Fatalf("reading the caller's other sandbox: %v", r)
 	}
-	// ...another caller may not (§6 #14): NOT_FOUND, as if it did not exist.
+	// ...another caller may not (HTTP case 14): NOT_FOUND, as if it did not exist.
 	msg := b.fails("sandbox_read_file", map[string]any{"path": "mine.txt", "sandbox": idA}, "NOT_FOUND")
 	b.fails("sandbox_exec", map[string]any{"argv": []string{"true"}, "sandbox": idA}, "NOT_FOUND")
 	if strings.Contains(msg, "alpha") {
@@ -534,7 +537,7 @@ func TestHTTPCallers(t *testing.T) {
 		t.Fatalf("another caller read the snapshot: %v", err)
 	}
 
-	// §6 #11: a session id with another caller's token is refused, and
+	// HTTP case 11: a session id with another caller's token is refused, and
 	// a DELETE by another caller leaves the session and its sandbox alone.
 	if r := s.do(http.MethodPost, "", with(bearerHeader(tokenB), "Mcp-Session-Id", a.cs.ID()), `{"jsonrpc":"2.0","id":9,"method":"tools/list"}`); r.status != http.StatusForbidden {
 		t.Errorf("another caller used the session: %d %s", r.status, r.body)
@@ -547,7 +550,7 @@ func TestHTTPCallers(t *testing.T) {
 	}
 	a.ok("sandbox_read_file", map[string]any{"path": "mine.txt"})
 
-	// §6 #21: the token is nowhere in a sandbox, in results or in the log.
+	// HTTP case 21: the token is nowhere in a sandbox, in results or in the log.
 	// (PID 1 runs as root: its environment is out of the sandbox user's reach.)
 	env := a.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "env; tr '\\0' '\\n' </proc/1/environ 2>&1 || echo unreadable"}})
 	for _, tok := range []string{tokenA, tokenB} {
@@ -581,7 +584,9 @@ func TestHTTPCallers(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Fatalf("audit line %q: %v", sc.Text(), err)
 		}
-		recs = append(recs, m)
+		if m["kind"] == "tool_call" { // the server's start and stop have records too
+			recs = append(recs, m)
+		}
 	}
 	if len(recs) != 12 {
 		t.Errorf("%d audit records for 12 tool calls:\n%s", len(recs), raw)
@@ -598,7 +603,7 @@ func TestHTTPCallers(t *testing.T) {
 	allowed := find(func(m map[string]any) bool {
 		return m["tool"] == "sandbox_exec" && m["sandbox"] == idA && m["decision"] == "allow"
 	})
-	if allowed["kind"] != "tool_call" || allowed["caller"] != callerID(tokenA) || allowed["session"] != a.cs.ID() ||
+	if allowed["kind"] != "tool_call" || allowed["caller"] != httpguard.CallerID(tokenA) || allowed["session"] != a.cs.ID() ||
 		allowed["decision"] != "allow" || allowed["exit_code"] != float64(0) || allowed["bytes"].(float64) <= 0 ||
 		!strings.HasPrefix(allowed["arg_digest"].(string), "hmac-sha256:") {
 		t.Errorf("allowed exec record: %v", allowed)
@@ -618,13 +623,13 @@ func TestHTTPCallers(t *testing.T) {
 		t.Errorf("no duration: %v", allowed)
 	}
 	denied := find(func(m map[string]any) bool {
-		return m["caller"] == callerID(tokenB) && m["tool"] == "sandbox_exec" && m["decision"] == "deny"
+		return m["caller"] == httpguard.CallerID(tokenB) && m["tool"] == "sandbox_exec" && m["decision"] == "deny"
 	})
 	if !strings.HasPrefix(denied["reason"].(string), "NOT_FOUND: ") || denied["session"] != b.cs.ID() {
 		t.Errorf("denied exec record: %v", denied)
 	}
-	if callerID(tokenA) == callerID(tokenB) || strings.Contains(callerID(tokenA), tokenA[:8]) {
-		t.Errorf("caller ids: %s %s", callerID(tokenA), callerID(tokenB))
+	if httpguard.CallerID(tokenA) == httpguard.CallerID(tokenB) || strings.Contains(httpguard.CallerID(tokenA), tokenA[:8]) {
+		t.Errorf("caller ids: %s %s", httpguard.CallerID(tokenA), httpguard.CallerID(tokenB))
 	}
 }
 
@@ -635,14 +640,7 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	s := startHTTP(t, httpOpts{})
 	c := s.connect("")
 	id := c.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
-	done := make(chan error, 1)
-	var res *mcp.CallToolResult
-	go func() {
-		var err error
-		res, err = c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "60"}}})
-		done <- err
-	}()
-	time.Sleep(time.Second)
+	done := c.running(context.Background(), "echo started; exec sleep 60")
 	start := time.Now()
 	r := s.do(http.MethodDelete, "", http.Header{"Mcp-Session-Id": {c.cs.ID()}}, "")
 	took := time.Since(start)
@@ -656,9 +654,10 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	// The container goes in the background, without holding the answer.
 	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 20*time.Second)
 	select {
-	case err := <-done:
+	case d := <-done:
 		// The answer, if it gets out before the session's stream closes,
 		// says the session ended: no "call again".
+		err, res := d.err, d.res
 		if err == nil {
 			msg := text(res)
 			if !res.IsError || !strings.HasPrefix(msg, "UNAVAILABLE: the session ended") || strings.Contains(msg, "Call again") {
@@ -698,7 +697,7 @@ func TestHTTPIdleTimeout(t *testing.T) {
 }
 
 // TestHTTPMaxSessions: beyond --max-sessions a new session gets a clear 503
-// at once (security-cases §6 #17), and room comes back when one ends.
+// at once (HTTP case 17), and room comes back when one ends.
 func TestHTTPMaxSessions(t *testing.T) {
 	s := startHTTP(t, httpOpts{args: []string{"--max-sessions", "2"}})
 	c1 := s.connect("")
@@ -745,7 +744,7 @@ func TestHTTPMaxSessions(t *testing.T) {
 }
 
 // TestHTTPBodyCap: a largest-file write in base64 fits the body cap, and
-// one byte beyond the cap is 413 (security-cases §6 #15, §3 #17).
+// one byte beyond the cap is 413 (HTTP case 15, path case 17).
 func TestHTTPBodyCap(t *testing.T) {
 	const maxFile = 1 << 20
 	s := startHTTP(t, httpOpts{args: []string{"--max-file-bytes", "1MiB"}})
@@ -757,7 +756,7 @@ func TestHTTPBodyCap(t *testing.T) {
 		t.Fatalf("write: %v", w)
 	}
 
-	limit := maxRequestBody(maxFile)
+	limit := httpguard.MaxRequestBody(maxFile)
 	if !strings.Contains(s.stderr.String(), fmt.Sprintf("max_request_bytes=%d", limit)) {
 		t.Fatalf("the server does not log its body cap %d", limit)
 	}
@@ -785,7 +784,7 @@ func TestHTTPBodyCap(t *testing.T) {
 
 // TestHTTPSlowClients: a client trickling its header is cut off at the
 // header timeout, and one that never finishes its body at the read timeout
-// (security-cases §6 #15, #16).
+// (HTTP cases 15, 16).
 func TestHTTPSlowClients(t *testing.T) {
 	t.Parallel()
 	s := startHTTP(t, httpOpts{})
@@ -842,8 +841,7 @@ func TestHTTPShutdown(t *testing.T) {
 	s := startHTTP(t, httpOpts{})
 	c := s.connect("")
 	id := c.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
-	go c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"sleep", "300"}}})
-	time.Sleep(time.Second)
+	c.running(context.Background(), "echo started; exec sleep 300")
 	start := time.Now()
 	if !s.stop(30 * time.Second) {
 		t.Fatal("the server did not exit within 30s of SIGTERM")

@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -175,6 +176,14 @@ type packageIndex struct {
 
 	mu       sync.Mutex
 	requests []string
+	auth     []string // the Authorization header of each request, "" if none
+}
+
+// sawAuth reports whether some request carried this Authorization header.
+func (ix *packageIndex) sawAuth(auth string) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return slices.Contains(ix.auth, auth)
 }
 
 func (ix *packageIndex) saw(prefix string) bool {
@@ -283,6 +292,7 @@ func startPackageIndex(t *testing.T) *packageIndex {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ix.mu.Lock()
 			ix.requests = append(ix.requests, r.Method+" "+r.URL.Path)
+			ix.auth = append(ix.auth, r.Header.Get("Authorization"))
 			ix.mu.Unlock()
 			mux.ServeHTTP(w, r)
 		}),

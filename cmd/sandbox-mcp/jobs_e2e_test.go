@@ -219,3 +219,27 @@ func TestStdioCommandUnderPolicy(t *testing.T) {
 	d.fails("sandbox_job", map[string]any{"job": "1"}, "POLICY_DENIED")
 	d.fails("sandbox_exec", map[string]any{"command": "true", "background": true}, "POLICY_DENIED")
 }
+
+// TestHTTPJobs: over streamable HTTP, a background job outlives the call
+// that started it and is fed, read and ended by later calls; another
+// caller cannot reach it through its sandbox id.
+func TestHTTPJobs(t *testing.T) {
+	s := startHTTP(t, httpOpts{env: []string{"SANDBOX_MCP_TOKEN=" + tokenA + "," + tokenB}})
+	a := s.connect(tokenA)
+	r := a.ok("sandbox_exec", map[string]any{"command": "while read l; do echo \"got $l\"; done", "background": true})
+	job, sb := r["job"].(string), r["sandbox"].(string)
+	a.ok("sandbox_job", map[string]any{"job": job, "stdin": "one\ntwo\n"})
+	pollJob(t, a, job, func(out string, _ map[string]any) bool { return out == "got one\ngot two\n" })
+	if r := a.ok("sandbox_job", map[string]any{"job": job, "close_stdin": true, "wait_ms": 10000}); r["state"] != "exited" {
+		t.Fatalf("after close_stdin: %v", r)
+	}
+	a.ok("sandbox_exec", map[string]any{"argv": []string{"sleep", "1000"}, "background": true})
+
+	b := s.connect(tokenB)
+	if msg := b.fails("sandbox_job", map[string]any{"job": job, "sandbox": sb}, "NOT_FOUND"); !strings.Contains(msg, "sandbox") {
+		t.Errorf("another session's sandbox: %s", msg)
+	}
+	if jobs, _ := b.ok("sandbox_job", nil)["jobs"].([]any); len(jobs) != 0 {
+		t.Fatalf("a new session lists jobs: %v", jobs)
+	}
+}

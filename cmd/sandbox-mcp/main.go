@@ -33,6 +33,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/image"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
@@ -90,26 +91,26 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(cfg.MemoryLimit())
 	}
-	var audit *tools.AuditLog
+	var auditLog *audit.Log
 	if cfg.AuditLog != "" {
-		key, err := tools.LoadAuditKey(cfg.StateDir)
+		key, err := audit.LoadKey(cfg.StateDir)
 		if err == nil {
-			audit, err = tools.OpenAuditLog(cfg.AuditLog, key, log)
+			auditLog, err = audit.Open(cfg.AuditLog, key, log)
 		}
 		if err != nil {
 			log.Error("sandbox-mcp not started", "err", err)
 			return 1
 		}
-		defer audit.Close()
-		audit.Server("start", "")
+		defer auditLog.Close()
+		auditLog.Server("start", "")
 	}
 	if cfg.HTTP.Addr != "" {
-		err = serveHTTP(ctx, cfg, log, audit)
+		err = serveHTTP(ctx, cfg, log, auditLog)
 	} else {
-		err = serveStdio(ctx, cfg, stdin, stdout, log, audit)
+		err = serveStdio(ctx, cfg, stdin, stdout, log, auditLog)
 	}
-	if audit != nil {
-		audit.Server("stop", stopReason(ctx, cfg, err))
+	if auditLog != nil {
+		auditLog.Server("stop", stopReason(ctx, cfg, err))
 	}
 	if err != nil {
 		log.Error("sandbox-mcp stopped", "err", err)
@@ -178,8 +179,8 @@ func buildVersion() string {
 
 // newManager connects to the engine and prepares the sandboxes' runtime.
 // deny lists addresses the egress proxy must never reach (the MCP HTTP
-// listener); audit, if not nil, gets a record per proxy decision.
-func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.AuditLog, deny ...netip.AddrPort) (*session.Manager, func(), error) {
+// listener); auditLog, if not nil, gets a record per proxy decision.
+func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, func(), error) {
 	var (
 		cli     *client.Client
 		kb      *kube.Backend
@@ -233,8 +234,10 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 	}
 	// The profile's JSON, read and checked with the configuration.
 	opts.SeccompProfile = cfg.SeccompProfile
-	if audit != nil {
-		opts.OnProxyDecision = func(d netproxy.Decision) { audit.Proxy(d) }
+	opts.Secrets = cfg.Secrets
+	if auditLog != nil {
+		opts.OnProxyDecision = func(d netproxy.Decision) { auditLog.Proxy(d) }
+		opts.OnSecretUse = func(u netproxy.SecretUse) { auditLog.SecretUse(u) }
 	}
 	if kb != nil {
 		opts.Backend = kb
@@ -249,10 +252,13 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, audit *tools.
 	return m, release, nil
 }
 
-// newServer builds the MCP server with every tool and resource; audit, if
+// newServer builds the MCP server with every tool and resource; auditLog, if
 // not nil, gets a record per tool call.
-func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, audit *tools.AuditLog) *mcp.Server {
+func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	for _, sec := range cfg.Secrets {
+		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
+	}
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSessions
 		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
@@ -269,8 +275,8 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 		Sessions:   sessions,
 		Logger:     log,
 	}
-	if audit != nil {
-		deps.Audit = audit.Record
+	if auditLog != nil {
+		deps.Audit = auditLog.Record
 	}
 	tools.Register(s, deps)
 	return s
@@ -279,17 +285,17 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 // serveStdio serves one MCP session over stdin and stdout until the client
 // closes stdin or a signal arrives; every sandbox is removed before it
 // returns.
-func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, audit *tools.AuditLog) error {
+func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, auditLog *audit.Log) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	m, release, err := newManager(ctx, cfg, log, audit)
+	m, release, err := newManager(ctx, cfg, log, auditLog)
 	if err != nil {
 		return err
 	}
 	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
-	server := newServer(cfg, m, sessions, log, audit)
+	server := newServer(cfg, m, sessions, log, auditLog)
 
 	// On a signal, end the calls in flight first: the SDK waits for them.
 	closed := make(chan error, 1)
@@ -332,5 +338,5 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","), "allow_private_networks", p.AllowPrivateNetworks,
 		"image", cfg.Image, "env", strings.Join(names, ","),
 		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
-		"seccomp_profile", cfg.SeccompProfileFile)
+		"seccomp_profile", cfg.SeccompProfileFile, "secret", strings.Join(cfg.SecretSpecs, ";"))
 }

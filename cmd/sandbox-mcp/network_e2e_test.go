@@ -170,7 +170,8 @@ func TestNetworkFlagsValidated(t *testing.T) {
 	}
 }
 
-// TestSandboxCannotReachTheMCPPort (security-cases §6 #20, §2 #51): with
+// TestSandboxCannotReachTheMCPPort (HTTP case 20 and proxy case 51 of
+// docs/attack-cases.md): with
 // the server listening on every interface, a sandbox with a network still
 // cannot reach its port, on the gateway or on the host's own address.
 func TestSandboxCannotReachTheMCPPort(t *testing.T) {

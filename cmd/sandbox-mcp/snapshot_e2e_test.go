@@ -201,7 +201,7 @@ func TestWarmPoolFlag(t *testing.T) {
 		warm = testenv.Containers(t, s.cli, engine.LabelPID, pid)
 		// Running is not ready: the pool takes the container once its
 		// agent has said hello, which the server logs.
-		if len(warm) == 1 && strings.Contains(warm[0], "running") && strings.Contains(s.stderr.String(), "session: sandbox started") {
+		if len(warm) == 1 && strings.Contains(warm[0], "running") && strings.Contains(s.stderr.String(), `msg="sandbox started"`) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -19,6 +19,8 @@ var hostRoots = []string{
 	module + "/tools/...",
 	module + "/policy/...",
 	module + "/netproxy/...",
+	module + "/internal/audit",
+	module + "/internal/httpguard",
 }
 
 // agentSide are the packages only the in-container program may link.
@@ -94,6 +96,64 @@ func TestAgentLinksNoHostPackage(t *testing.T) {
 			t.Errorf("the agent links %s, a package of the server side: the agent may import only %v of this module", p, shared)
 		case !slices.ContainsFunc(agentExternal, func(prefix string) bool { return strings.HasPrefix(p, prefix) }):
 			t.Errorf("the agent links %s: inside a sandbox it needs only the standard library and %v; keep the Docker client and the MCP SDK on the server side", p, agentExternal)
+		}
+	}
+}
+
+// mustNotLink lists, for a package, packages of this module it may not
+// build from, and why.
+var mustNotLink = []struct {
+	pkg, forbidden, why string
+}{
+	{module + "/internal/httpguard", module + "/cmd/sandbox-mcp",
+		"the HTTP guard takes its own Options, not the server's Config"},
+	{module + "/internal/httpguard", module + "/tools",
+		"the guard ends a session's sandbox through its Sessions interface"},
+	{module + "/internal/httpguard", module + "/session",
+		"the guard checks requests; sandboxes are the tools' business"},
+}
+
+// mustNotImport lists, for a package, packages of this module it may not
+// import itself (they may still be linked through a package it imports).
+var mustNotImport = []struct {
+	pkg, forbidden, why string
+}{
+	{module + "/tools", module + "/netproxy",
+		"the tools know sandboxes and policy, not the egress proxy; what both report goes to internal/audit, which main wires to each"},
+	{module + "/tools", module + "/internal/audit",
+		"the tools hand their records to a func (Deps.Audit); main wires the audit log to it"},
+}
+
+// imports lists the packages pkg imports itself, test files left out.
+func imports(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, pkg).Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+func TestPackagesImportOnlyWhatTheyMay(t *testing.T) {
+	for _, r := range mustNotImport {
+		list := imports(t, r.pkg)
+		if len(list) == 0 {
+			t.Fatalf("go list %s listed no import: the rule would check nothing", r.pkg)
+		}
+		if slices.Contains(list, r.forbidden) {
+			t.Errorf("%s imports %s: %s", r.pkg, r.forbidden, r.why)
+		}
+	}
+}
+
+func TestPackagesLinkOnlyWhatTheyMay(t *testing.T) {
+	for _, r := range mustNotLink {
+		list := deps(t, r.pkg)
+		if !slices.Contains(list, r.pkg) {
+			t.Fatalf("go list -deps %s does not list %s itself: the rule would check nothing", r.pkg, r.pkg)
+		}
+		if slices.Contains(list, r.forbidden) {
+			t.Errorf("%s links %s: %s", r.pkg, r.forbidden, r.why)
 		}
 	}
 }

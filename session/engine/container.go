@@ -8,12 +8,14 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
+
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
 
 // Paths inside every sandbox container.
 const (
 	// WorkspaceDir is the sandbox's workspace, a tmpfs.
-	WorkspaceDir = "/workspace"
+	WorkspaceDir = agentproto.Workspace
 	// AgentPath is where the runtime image holds the agent binary.
 	AgentPath = "/.sandbox-mcp/agent"
 )

@@ -28,8 +28,9 @@ func testParams() ContainerParams {
 	}
 }
 
-// TestContainerSpec checks the hardening of SPEC §5 field by field, without
-// an engine.
+// TestContainerSpec checks the hardening of a sandbox container (user,
+// read-only root, capabilities, privileges, seccomp, limits, mounts,
+// network) field by field, without an engine.
 func TestContainerSpec(t *testing.T) {
 	p := testParams()
 	o := ContainerSpec(p)

@@ -177,7 +177,7 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		if c.id != "" {
 			if err := removeContainer(ctx, c.d.cli, c.id); err != nil {
 				c.removeErr = err
-				c.d.log.Warn("session: remove container", "container", c.id, "err", err)
+				c.d.log.Warn("remove container", "container", c.id, "err", err)
 			}
 		}
 		if c.net != nil {

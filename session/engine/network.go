@@ -146,7 +146,7 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 	go func() {
 		defer close(n.served)
 		if err := proxy.Serve(pctx, ln, sandbox, n.client); err != nil {
-			d.log.Warn("session: proxy stopped", "sandbox", sandbox, "err", err)
+			d.log.Warn("proxy stopped", "sandbox", sandbox, "err", err)
 		}
 	}()
 	return n, nil
@@ -164,7 +164,7 @@ func (d *Docker) closeNet(n *sandboxNet) {
 	}
 	if n.firewalled {
 		if err := d.fw.release(n.name); err != nil {
-			d.log.Warn("session: remove firewall rules", "network", n.name, "err", err)
+			d.log.Warn("remove firewall rules", "network", n.name, "err", err)
 		}
 	}
 	if n.id == "" {
@@ -179,7 +179,7 @@ func (d *Docker) closeNet(n *sandboxNet) {
 		}
 		// An endpoint can linger a moment after its container is gone.
 		if ctx.Err() != nil {
-			d.log.Warn("session: remove network", "network", n.name, "err", err)
+			d.log.Warn("remove network", "network", n.name, "err", err)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

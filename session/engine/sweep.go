@@ -40,11 +40,11 @@ func (d *Docker) sweepContainers(ctx context.Context) (int, error) {
 			continue
 		}
 		if err := removeContainer(ctx, d.cli, c.ID); err != nil {
-			d.log.Warn("session: sweep: remove container", "container", c.ID, "err", err)
+			d.log.Warn("sweep: remove container", "container", c.ID, "err", err)
 			continue
 		}
 		n++
-		d.log.Info("session: swept orphaned container", "container", c.ID[:12], "state", c.State,
+		d.log.Info("swept orphaned container", "container", c.ID[:12], "state", c.State,
 			"sandbox", c.Labels[LabelSandbox], "instance", c.Labels[LabelInstance])
 	}
 	return n, nil
@@ -84,11 +84,11 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 			continue
 		}
 		if _, err := d.cli.NetworkRemove(ctx, nw.ID, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-			d.log.Warn("session: sweep: remove network", "network", nw.Name, "err", err)
+			d.log.Warn("sweep: remove network", "network", nw.Name, "err", err)
 			continue
 		}
 		removed++
-		d.log.Info("session: swept orphaned network", "network", nw.Name, "instance", nw.Labels[LabelInstance])
+		d.log.Info("swept orphaned network", "network", nw.Name, "instance", nw.Labels[LabelInstance])
 	}
 	if d.fw != nil {
 		// The networks are listed again, after the rules: see sweep.
@@ -104,7 +104,7 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 			return names, nil
 		}
 		if err := d.fw.sweep(live); err != nil {
-			d.log.Warn("session: sweep firewall rules", "err", err)
+			d.log.Warn("sweep firewall rules", "err", err)
 		}
 	}
 	return removed, nil

@@ -1,4 +1,8 @@
-package tools
+// Package audit is the audit log: one JSON line per tool call and per
+// egress proxy decision, appended to a file the operator names, with tool
+// arguments kept only as a keyed digest. It sits beside the packages whose
+// events it records (tools, netproxy) and is wired to them in main.
+package audit
 
 import (
 	"crypto/hmac"
@@ -18,17 +22,18 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
+	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
-// AuditLog appends one JSON object per line to a file: a record per tool
-// call (see Record) and whatever else the server decides to audit, such as
+// Log appends one JSON object per line to a file: a record per tool
+// call (see tools.Record) and whatever else the server decides to audit, such as
 // the egress proxy's decisions. It is safe for concurrent use; each record
 // is one write of one line, so lines never interleave.
 //
 // Records hold no secrets by construction: tool arguments appear only as a
 // keyed digest (see Digest), and callers only as an id derived from their
 // token.
-type AuditLog struct {
+type Log struct {
 	path string
 	key  []byte
 	log  *slog.Logger
@@ -37,19 +42,19 @@ type AuditLog struct {
 	f  *os.File
 }
 
-// AuditKindTool is the "kind" of a tool call record in the audit log.
-const AuditKindTool = "tool_call"
+// KindTool is the "kind" of a tool call record in the audit log.
+const KindTool = "tool_call"
 
-// OpenAuditLog opens (creating it with mode 0600 if needed) the audit file
+// Open opens (creating it with mode 0600 if needed) the audit file
 // at path for appending. key keys the digests of tool arguments (see
-// LoadAuditKey). Failures to write later are reported to log (nil discards
+// LoadKey). Failures to write later are reported to log (nil discards
 // them).
-func OpenAuditLog(path string, key []byte, log *slog.Logger) (*AuditLog, error) {
+func Open(path string, key []byte, log *slog.Logger) (*Log, error) {
 	if path == "" {
 		return nil, errors.New("audit log: no file named")
 	}
-	if len(key) != AuditKeyBytes {
-		return nil, fmt.Errorf("audit log: the digest key has %d bytes, want %d", len(key), AuditKeyBytes)
+	if len(key) != KeyBytes {
+		return nil, fmt.Errorf("audit log: the digest key has %d bytes, want %d", len(key), KeyBytes)
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
@@ -67,14 +72,14 @@ func OpenAuditLog(path string, key []byte, log *slog.Logger) (*AuditLog, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &AuditLog{path: path, key: key, log: log, f: f}, nil
+	return &Log{path: path, key: key, log: log, f: f}, nil
 }
 
 // Path returns the file the log appends to.
-func (a *AuditLog) Path() string { return a.path }
+func (a *Log) Path() string { return a.path }
 
 // Write appends v, marshalled as JSON, and a newline as one line.
-func (a *AuditLog) Write(v any) error {
+func (a *Log) Write(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("audit log: encode record: %w", err)
@@ -92,23 +97,23 @@ func (a *AuditLog) Write(v any) error {
 }
 
 // Record appends a tool call record, tagged "kind": "tool_call", with the
-// digest of r.Args as its arg_digest. It fits Deps.Audit; a failed write is
+// digest of r.Args as its arg_digest. It fits tools.Deps.Audit; a failed write is
 // logged, and the call goes on.
-func (a *AuditLog) Record(r Record) {
+func (a *Log) Record(r tools.Record) {
 	if r.ArgDigest == "" {
 		r.ArgDigest = a.Digest(r.Args)
 	}
 	line := struct {
 		Kind string `json:"kind"`
-		Record
-	}{AuditKindTool, r}
+		tools.Record
+	}{KindTool, r}
 	if err := a.Write(line); err != nil {
 		a.log.Error("audit log write failed", "err", err)
 	}
 }
 
 // Close closes the file; later writes fail.
-func (a *AuditLog) Close() error {
+func (a *Log) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.f == nil {
@@ -119,8 +124,8 @@ func (a *AuditLog) Close() error {
 	return err
 }
 
-// AuditKindProxy tags the record of a proxy decision.
-const AuditKindProxy = "proxy_decision"
+// KindProxy tags the record of a proxy decision.
+const KindProxy = "proxy_decision"
 
 // ProxyRecord is the audit record of an egress proxy decision: one per
 // allowed request, and for refusals the aggregates the proxy makes (the
@@ -148,9 +153,9 @@ type ProxyRecord struct {
 // Proxy appends the record of a proxy decision: the sandbox, the host and
 // port asked for, the addresses it resolved to, the one dialled, why, and
 // how many requests the record stands for. A failed write is logged.
-func (a *AuditLog) Proxy(d netproxy.Decision) {
+func (a *Log) Proxy(d netproxy.Decision) {
 	r := ProxyRecord{
-		Kind: AuditKindProxy, Time: time.Now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
+		Kind: KindProxy, Time: time.Now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
 		Port: d.Port, Decision: "deny", Reason: d.Reason, Rule: d.Rule, Status: d.Status,
 		Duration: float64(d.Duration.Microseconds()) / 1000, Count: d.Count, Summary: d.Summary,
 	}
@@ -171,15 +176,40 @@ func (a *AuditLog) Proxy(d netproxy.Decision) {
 	}
 }
 
-// AuditKeyFile is the file in the state directory that holds the key of
+// KindSecret tags the record of a secret put into a request.
+const KindSecret = "secret_use"
+
+// SecretRecord is the audit record of a secret the egress proxy put into a
+// request: which secret, for which host, from which sandbox; one per
+// secret per intercepted tunnel. It never holds the value.
+type SecretRecord struct {
+	Kind    string    `json:"kind"`
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	Secret  string    `json:"secret"`
+	Host    string    `json:"host"`
+	Port    int       `json:"port"`
+	Event   string    `json:"event"` // "secret NAME used for HOST"
+}
+
+// SecretUse appends the record of a secret's use. A failed write is logged.
+func (a *Log) SecretUse(u netproxy.SecretUse) {
+	r := SecretRecord{Kind: KindSecret, Time: time.Now().UTC(), Sandbox: u.Sandbox, Secret: u.Name, Host: u.Host, Port: u.Port,
+		Event: "secret " + u.Name + " used for " + u.Host}
+	if err := a.Write(r); err != nil {
+		a.log.Error("audit log write failed", "err", err)
+	}
+}
+
+// KeyFile is the file in the state directory that holds the key of
 // the audit log's argument digests.
-const AuditKeyFile = "audit.key"
+const KeyFile = "audit.key"
 
-// AuditKeyBytes is the size of the digest key.
-const AuditKeyBytes = 32
+// KeyBytes is the size of the digest key.
+const KeyBytes = 32
 
-// auditDigestBytes is how much of the HMAC a digest shows: 128 bits.
-const auditDigestBytes = 16
+// digestBytes is how much of the HMAC a digest shows: 128 bits.
+const digestBytes = 16
 
 // Digest is the audit log's digest of a tool call's arguments:
 // "hmac-sha256:" and the first 16 bytes, in hex, of HMAC-SHA256 keyed with
@@ -188,13 +218,13 @@ const auditDigestBytes = 16
 // guess of what the arguments were; with it an operator can check a call
 // (sandbox-mcp audit digest). Digests stay comparable across restarts as
 // long as the key file is kept.
-func (a *AuditLog) Digest(args []byte) string { return AuditDigest(a.key, args) }
+func (a *Log) Digest(args []byte) string { return Digest(a.key, args) }
 
-// AuditDigest is Digest with an explicit key.
-func AuditDigest(key, args []byte) string {
+// Digest is Digest with an explicit key.
+func Digest(key, args []byte) string {
 	mac := hmac.New(sha256.New, key)
 	writeCompact(mac, args)
-	return "hmac-sha256:" + hex.EncodeToString(mac.Sum(nil)[:auditDigestBytes])
+	return "hmac-sha256:" + hex.EncodeToString(mac.Sum(nil)[:digestBytes])
 }
 
 // writeCompact writes JSON text to h without the whitespace between
@@ -225,19 +255,19 @@ func writeCompact(h hash.Hash, js []byte) {
 	h.Write(js[start:])
 }
 
-// LoadAuditKey returns the digest key kept in dir/audit.key, making it on
+// LoadKey returns the digest key kept in dir/audit.key, making it on
 // first use: 32 random bytes in a file of mode 0600, written whole before it
 // appears under its name, so a server starting beside another never reads
 // half a key. dir is created (0700) if missing.
-func LoadAuditKey(dir string) ([]byte, error) {
-	key, err := ReadAuditKey(dir)
+func LoadKey(dir string) ([]byte, error) {
+	key, err := ReadKey(dir)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return key, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
 	}
-	key = make([]byte, AuditKeyBytes)
+	key = make([]byte, KeyBytes)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
 	}
@@ -255,19 +285,19 @@ func LoadAuditKey(dir string) ([]byte, error) {
 	}
 	// CreateTemp makes the file 0600. Link fails if another server made
 	// the key first: then that key is the one.
-	if err := os.Link(tmp.Name(), filepath.Join(dir, AuditKeyFile)); err != nil {
+	if err := os.Link(tmp.Name(), filepath.Join(dir, KeyFile)); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return ReadAuditKey(dir)
+			return ReadKey(dir)
 		}
 		return nil, fmt.Errorf("audit key: %w", err)
 	}
 	return key, nil
 }
 
-// ReadAuditKey reads the digest key in dir/audit.key without making one.
+// ReadKey reads the digest key in dir/audit.key without making one.
 // It refuses a key file that others than its owner can read.
-func ReadAuditKey(dir string) ([]byte, error) {
-	path := filepath.Join(dir, AuditKeyFile)
+func ReadKey(dir string) ([]byte, error) {
+	path := filepath.Join(dir, KeyFile)
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
@@ -283,18 +313,18 @@ func ReadAuditKey(dir string) ([]byte, error) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("audit key %s has mode %v: anyone who can read it can test guesses against the audit log's digests; run chmod 600 %s", path, fi.Mode().Perm(), path)
 	}
-	key, err := io.ReadAll(io.LimitReader(f, AuditKeyBytes+1))
+	key, err := io.ReadAll(io.LimitReader(f, KeyBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
 	}
-	if len(key) != AuditKeyBytes {
-		return nil, fmt.Errorf("audit key %s does not hold %d bytes; remove it, and the server makes a new key (digests made with the old one will no longer match)", path, AuditKeyBytes)
+	if len(key) != KeyBytes {
+		return nil, fmt.Errorf("audit key %s does not hold %d bytes; remove it, and the server makes a new key (digests made with the old one will no longer match)", path, KeyBytes)
 	}
 	return key, nil
 }
 
-// AuditKindServer tags the record of the server starting or stopping.
-const AuditKindServer = "server"
+// KindServer tags the record of the server starting or stopping.
+const KindServer = "server"
 
 // ServerRecord is the audit record of the server starting or stopping, with
 // why it stopped: the audit file is the one record left when the server's
@@ -309,8 +339,8 @@ type ServerRecord struct {
 
 // Server appends the record of the server starting or stopping; a failed
 // write is logged.
-func (a *AuditLog) Server(event, reason string) {
-	if err := a.Write(ServerRecord{Kind: AuditKindServer, Time: time.Now().UTC(), Event: event, Reason: reason, PID: os.Getpid()}); err != nil {
+func (a *Log) Server(event, reason string) {
+	if err := a.Write(ServerRecord{Kind: KindServer, Time: time.Now().UTC(), Event: event, Reason: reason, PID: os.Getpid()}); err != nil {
 		a.log.Error("audit log write failed", "err", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package httpguard
 
 // Quotas of the HTTP transport: how many MCP sessions live at once, in all
 // and per caller, and how many calls one caller has in flight.
@@ -138,7 +138,7 @@ func (q *callQuota) limit(next mcp.MethodHandler) mcp.MethodHandler {
 		if method != "tools/call" && method != "resources/read" {
 			return next(ctx, method, req)
 		}
-		caller := ownerOf(req.GetExtra())
+		caller := OwnerOf(req.GetExtra())
 		if !q.take(caller) {
 			q.log.Info("call refused", "caller", caller, "method", method, "reason", "--max-calls-per-caller", "max", q.max)
 			busy := errcode.Errorf(errcode.Busy, "you already have %d calls in flight, the most one caller may run at once (--max-calls-per-caller); wait for one to finish, then retry", q.max)

@@ -1,4 +1,4 @@
-package tools
+package audit
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
+	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
 func TestAuditLogLines(t *testing.T) {
@@ -22,7 +23,7 @@ func TestAuditLogLines(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"kind":"earlier"}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := OpenAuditLog(path, testKey, nil)
+	a, err := Open(path, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestAuditLogLines(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				exit := i
-				a.Record(Record{Time: time.Now(), Caller: "caller-a", Tool: NameExec, Args: []byte(`{"argv":["true"]}`), Decision: "allow", Reason: pad, ExitCode: &exit, Bytes: int64(w)})
+				a.Record(tools.Record{Time: time.Now(), Caller: "caller-a", Tool: tools.NameExec, Args: []byte(`{"argv":["true"]}`), Decision: "allow", Reason: pad, ExitCode: &exit, Bytes: int64(w)})
 			}
 		})
 	}
@@ -69,7 +70,7 @@ func TestAuditLogLines(t *testing.T) {
 		}
 		kind, _ := m["kind"].(string)
 		kinds[kind]++
-		if kind == AuditKindTool {
+		if kind == KindTool {
 			for _, field := range []string{"time", "caller", "tool", "arg_digest", "decision", "exit_code", "bytes", "duration_ms"} {
 				if _, ok := m[field]; !ok {
 					t.Fatalf("tool record lacks %q: %.200s", field, sc.Text())
@@ -80,7 +81,7 @@ func TestAuditLogLines(t *testing.T) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if kinds["earlier"] != 1 || kinds[AuditKindTool] != writers*each || kinds["proxy_decision"] != 1 || kinds["late"] != 0 {
+	if kinds["earlier"] != 1 || kinds[KindTool] != writers*each || kinds["proxy_decision"] != 1 || kinds["late"] != 0 {
 		t.Fatalf("lines by kind: %v", kinds)
 	}
 }
@@ -88,7 +89,7 @@ func TestAuditLogLines(t *testing.T) {
 func TestAuditLogFile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "new.jsonl")
-	a, err := OpenAuditLog(path, testKey, nil)
+	a, err := Open(path, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,10 +101,10 @@ func TestAuditLogFile(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Fatalf("a new audit log has mode %v, want 0600", fi.Mode().Perm())
 	}
-	if _, err := OpenAuditLog(dir, testKey, nil); err == nil {
+	if _, err := Open(dir, testKey, nil); err == nil {
 		t.Fatal("a directory was accepted as the audit log")
 	}
-	if _, err := OpenAuditLog(filepath.Join(dir, "missing", "x.jsonl"), testKey, nil); err == nil || !strings.Contains(err.Error(), "--audit-log") {
+	if _, err := Open(filepath.Join(dir, "missing", "x.jsonl"), testKey, nil); err == nil || !strings.Contains(err.Error(), "--audit-log") {
 		t.Fatalf("an unwritable path: %v", err)
 	}
 }
@@ -116,11 +117,11 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 func TestAuditDigestIsKeyed(t *testing.T) {
 	args := []byte(`{"argv":["sh","-c","echo $TOKEN"],"env":{"TOKEN":"hunter2 with spaces"}}`)
 	other := []byte("fedcba9876543210fedcba9876543210")
-	d := AuditDigest(testKey, args)
+	d := Digest(testKey, args)
 	if !strings.HasPrefix(d, "hmac-sha256:") || len(d) != len("hmac-sha256:")+32 {
 		t.Fatalf("digest %q: want hmac-sha256: and 32 hex digits", d)
 	}
-	if AuditDigest(other, args) == d {
+	if Digest(other, args) == d {
 		t.Fatal("two keys give the same digest")
 	}
 	plain := sha256.Sum256(args)
@@ -128,32 +129,32 @@ func TestAuditDigestIsKeyed(t *testing.T) {
 		t.Fatal("the digest is the unkeyed SHA-256 of the arguments")
 	}
 	spaced := []byte("{ \"argv\" : [\"sh\", \"-c\",\n \"echo $TOKEN\"],\t\"env\": {\"TOKEN\": \"hunter2 with spaces\"} }\n")
-	if AuditDigest(testKey, spaced) != d {
+	if Digest(testKey, spaced) != d {
 		t.Error("whitespace between tokens changed the digest")
 	}
 	// Whitespace inside a string is the argument itself.
-	if AuditDigest(testKey, []byte(`{"argv":["sh","-c","echo $TOKEN"],"env":{"TOKEN":"hunter2  with spaces"}}`)) == d {
+	if Digest(testKey, []byte(`{"argv":["sh","-c","echo $TOKEN"],"env":{"TOKEN":"hunter2  with spaces"}}`)) == d {
 		t.Error("a changed string gave the same digest")
 	}
 	// Escaped quotes do not end a string.
-	a := AuditDigest(testKey, []byte(`{"s":"a\" b"}`))
-	if b := AuditDigest(testKey, []byte(`{"s":"a\"b"}`)); a == b {
+	a := Digest(testKey, []byte(`{"s":"a\" b"}`))
+	if b := Digest(testKey, []byte(`{"s":"a\"b"}`)); a == b {
 		t.Error("a space after an escaped quote was taken for whitespace between tokens")
 	}
 
 	// The log writes the keyed digest, never the arguments.
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	log, err := OpenAuditLog(path, testKey, nil)
+	log, err := Open(path, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	log.Record(Record{Time: time.Now(), Tool: NameExec, Args: args, Decision: "allow"})
+	log.Record(tools.Record{Time: time.Now(), Tool: tools.NameExec, Args: args, Decision: "allow"})
 	log.Close()
 	raw, _ := os.ReadFile(path)
 	if !strings.Contains(string(raw), `"arg_digest":"`+d+`"`) || strings.Contains(string(raw), "hunter2") {
 		t.Fatalf("audit line: %s", raw)
 	}
-	if _, err := OpenAuditLog(path, nil, nil); err == nil {
+	if _, err := Open(path, nil, nil); err == nil {
 		t.Error("an audit log without a key opened")
 	}
 }
@@ -162,28 +163,28 @@ func TestAuditDigestIsKeyed(t *testing.T) {
 // digests stay comparable across restarts.
 func TestAuditKeyFile(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state") // not there yet
-	if _, err := ReadAuditKey(dir); err == nil {
-		t.Fatal("ReadAuditKey made or found a key in an empty state dir")
+	if _, err := ReadKey(dir); err == nil {
+		t.Fatal("ReadKey made or found a key in an empty state dir")
 	}
-	k1, err := LoadAuditKey(dir)
+	k1, err := LoadKey(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi, err := os.Stat(filepath.Join(dir, AuditKeyFile))
+	fi, err := os.Stat(filepath.Join(dir, KeyFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode().Perm() != 0o600 || fi.Size() != AuditKeyBytes {
-		t.Fatalf("key file: mode %v, %d bytes; want 0600 and %d", fi.Mode().Perm(), fi.Size(), AuditKeyBytes)
+	if fi.Mode().Perm() != 0o600 || fi.Size() != KeyBytes {
+		t.Fatalf("key file: mode %v, %d bytes; want 0600 and %d", fi.Mode().Perm(), fi.Size(), KeyBytes)
 	}
-	k2, err := LoadAuditKey(dir) // a restart
+	k2, err := LoadKey(dir) // a restart
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(k1) != string(k2) {
 		t.Fatal("a restart made a new key")
 	}
-	if other, _ := LoadAuditKey(t.TempDir()); string(other) == string(k1) {
+	if other, _ := LoadKey(t.TempDir()); string(other) == string(k1) {
 		t.Fatal("two state dirs got the same key")
 	}
 	left, _ := filepath.Glob(filepath.Join(dir, ".audit.key-*"))
@@ -197,7 +198,7 @@ func TestAuditKeyFile(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range keys {
 		wg.Go(func() {
-			k, err := LoadAuditKey(shared)
+			k, err := LoadKey(shared)
 			if err != nil {
 				t.Error(err)
 			}
@@ -212,12 +213,12 @@ func TestAuditKeyFile(t *testing.T) {
 	}
 
 	// A key others can read, or a damaged one, is refused with what to do.
-	os.Chmod(filepath.Join(dir, AuditKeyFile), 0o644)
-	if _, err := LoadAuditKey(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+	os.Chmod(filepath.Join(dir, KeyFile), 0o644)
+	if _, err := LoadKey(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("a world-readable key: %v", err)
 	}
-	os.WriteFile(filepath.Join(shared, AuditKeyFile), []byte("short"), 0o600)
-	if _, err := LoadAuditKey(shared); err == nil || !strings.Contains(err.Error(), "remove it") {
+	os.WriteFile(filepath.Join(shared, KeyFile), []byte("short"), 0o600)
+	if _, err := LoadKey(shared); err == nil || !strings.Contains(err.Error(), "remove it") {
 		t.Errorf("a short key: %v", err)
 	}
 }
@@ -226,7 +227,7 @@ func TestAuditKeyFile(t *testing.T) {
 // for, whether it sums up repeated refusals, and where they came from.
 func TestAuditProxySummary(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	a, err := OpenAuditLog(path, testKey, nil)
+	a, err := Open(path, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,21 +1,10 @@
-// Package tools defines sandbox-mcp's MCP tools and resources: typed inputs
-// and outputs, schemas, annotations, and handlers that decode, ask policy,
-// call session, and render. It knows the session package's API, not Docker's.
-//
-// Errors follow one rule. A failure the model can act on is a tool result
-// with isError set and a text that starts with one of the contract's codes
-// (an *errcode.Error), then a colon, then what was wrong and what to do. A
-// fault the model cannot act on is a JSON-RPC internal error, and its detail
-// goes to the server log only.
 package tools
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -23,7 +12,6 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
 // Deps is what the tools need from the server.
@@ -50,7 +38,7 @@ type Record struct {
 	Tool      string    `json:"tool"`
 	ArgDigest string    `json:"arg_digest"`
 	// Args are the call's arguments as received; the audit log records
-	// only their keyed digest (AuditLog.Digest).
+	// only their keyed digest (audit.Log.Digest).
 	Args     json.RawMessage `json:"-"`
 	Decision string          `json:"decision"` // allow or deny
 	Reason   string          `json:"reason,omitempty"`
@@ -76,15 +64,53 @@ type call struct {
 // defines none; this is the code LSP uses for the same case.
 const CodeRequestCancelled = -32800
 
-// handler is a tool's logic: decode is done by the SDK; it asks policy,
-// calls session and returns the output (and, rarely, a result of its own to
-// carry content or isError beside the output). A failure the model can act
-// on is an *errcode.Error; a result of its own with isError carries one too
-// (CallToolResult.SetError), so codeErrors knows the result as the tool's.
-type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error)
+// A tool is two functions, which the wrapper (wrap) calls in this order,
+// after the SDK has decoded the arguments and checked them against the
+// input schema:
+//
+//  1. check asks policy about the input alone and returns what run needs
+//     (a path made relative to the workspace, a timeout, a mode...). It
+//     touches no sandbox: a refused call makes none.
+//  2. The wrapper resolves the sandbox the call runs in: the session's own,
+//     or the one named in its sandbox argument (In.target).
+//  3. run reserves the memory the call holds, asks policy what only the
+//     sandbox can tell (which program an allowlisted name resolves to),
+//     calls the sandbox and renders: it returns the output and, when
+//     the model should read something else than the output's JSON, a
+//     result carrying that text (and isError, for a command that timed
+//     out; CallToolResult.SetError keeps its *errcode.Error, so codeErrors
+//     knows the result as the tool's).
+//
+// A failure the model can act on is an *errcode.Error, from either.
+type (
+	checkFunc[In, Req any] func(in In) (Req, error)
+	runFunc[Req, Out any]  func(ctx context.Context, c *call, sb Sandbox, req Req) (*mcp.CallToolResult, Out, error)
+	input                  interface{ target() string }
+)
 
-// wrap turns a handler into an SDK handler that logs one record per call,
-// feeds the audit log, and sorts errors into tool errors and protocol errors.
+// as is the check of a tool that asks policy nothing: run gets the input.
+func as[In any](in In) (In, error) { return in, nil }
+
+// changeablePath is the check of a tool that changes or removes what is at
+// path: the workspace is writable, and path, made relative to it, is not
+// the workspace root.
+func (d *Deps) changeablePath(path string) (string, error) {
+	if dec := d.Policy.CanWrite(); !dec.Allow {
+		return "", dec.Err()
+	}
+	rel, dec := policy.WorkspacePath(path)
+	if !dec.Allow {
+		return "", dec.Err()
+	}
+	if dec := policy.CheckRenamable(rel); !dec.Allow {
+		return "", dec.Err()
+	}
+	return rel, nil
+}
+
+// wrap turns a tool's check and run into an SDK handler that calls them in
+// order (see checkFunc), logs one record per call, feeds the audit log, and
+// sorts errors into tool errors and protocol errors.
 //
 // The handler's output becomes the result's structured content as it is:
 // the SDK, given a typed output, would marshal it, unmarshal that into a
@@ -95,11 +121,23 @@ type handler[In, Out any] func(ctx context.Context, c *call, in In) (*mcp.CallTo
 // The memory the call reserved is given back when ctx ends, which the SDK
 // does once the response is written, not when the handler returns: the
 // result is encoded and sent after that.
-func wrap[In, Out any](d *Deps, name string, h handler[In, Out]) mcp.ToolHandlerFor[In, any] {
+func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req], run runFunc[Req, Out]) mcp.ToolHandlerFor[In, any] {
+	handle := func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error) {
+		var none Out
+		req, err := check(in)
+		if err != nil {
+			return nil, none, err
+		}
+		sb, err := d.Sessions.sandbox(c, in.target())
+		if err != nil {
+			return nil, none, err
+		}
+		return run(ctx, c, sb, req)
+	}
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, any, error) {
 		start := time.Now()
 		c := &call{req: req}
-		res, out, err := h(ctx, c, in)
+		res, out, err := handle(ctx, c, in)
 		if c.held != nil {
 			if err != nil {
 				c.held.release() // an error carries no payload
@@ -189,112 +227,6 @@ func sessionID(req *mcp.CallToolRequest) string {
 	return "stdio"
 }
 
-// Sessions maps MCP sessions to sandboxes. It is the only place that knows
-// both: session keys are opaque strings to package session.
-type Sessions struct {
-	m *session.Manager
-	// OwnerOf names the caller of a request ("" when there is no
-	// authentication, as on stdio). Nil means "".
-	OwnerOf func(*mcp.RequestExtra) string
-
-	mu   sync.Mutex
-	keys map[*mcp.ServerSession]string
-	// owners maps the key of each session seen to its caller, so End can
-	// tell whether a caller may end a session.
-	owners map[string]string
-}
-
-// NewSessions returns a Sessions over m.
-func NewSessions(m *session.Manager) *Sessions {
-	return &Sessions{m: m, keys: make(map[*mcp.ServerSession]string), owners: make(map[string]string)}
-}
-
-// Manager returns the session manager.
-func (s *Sessions) Manager() *session.Manager { return s.m }
-
-// Owner names the caller of a tool call.
-func (s *Sessions) Owner(req *mcp.CallToolRequest) string {
-	if s.OwnerOf == nil {
-		return ""
-	}
-	return s.OwnerOf(req.Extra)
-}
-
-// key returns the sandbox key of an MCP session, and on first sight notes
-// its caller and starts watching the session so its sandbox is removed
-// when it ends. The SDK binds an HTTP session to the caller that opened it,
-// so the first caller seen is the session's.
-func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if k, ok := s.keys[ss]; ok {
-		return k
-	}
-	k := fmt.Sprintf("mcp-%p", ss)
-	if id := ss.ID(); id != "" {
-		k = KeyOf(id)
-	}
-	s.keys[ss] = k
-	s.owners[k] = owner
-	go func() {
-		_ = ss.Wait()
-		s.m.Release(k)
-		s.mu.Lock()
-		delete(s.keys, ss)
-		delete(s.owners, k)
-		s.mu.Unlock()
-	}()
-	return k
-}
-
-// KeyOf returns the sandbox key of an HTTP session id (see key).
-func KeyOf(sessionID string) string { return "mcp-" + sessionID }
-
-// End ends the calls in flight of the HTTP session sessionID and starts the
-// removal of its sandbox, if owner is the session's caller; the container
-// goes in the background (the server waits for it at shutdown), so a DELETE
-// is answered without waiting for the engine. The SDK's own session close
-// waits for calls in flight without cancelling them, so the HTTP server
-// calls End on DELETE first. It reports whether there was a sandbox to
-// remove: a session that made no tool call has none, and another caller's
-// session is left alone.
-func (s *Sessions) End(sessionID, owner string) bool {
-	k := KeyOf(sessionID)
-	s.mu.Lock()
-	o, ok := s.owners[k]
-	s.mu.Unlock()
-	if !ok || o != owner {
-		return false
-	}
-	return s.m.ReleaseSoon(k)
-}
-
-// sandbox returns the sandbox a call runs in: the session's own, or the one
-// the call names in its sandbox argument, which must belong to the same
-// caller.
-func (s *Sessions) sandbox(c *call, named string) (*session.Sandbox, error) {
-	owner := s.Owner(c.req)
-	if c.req.Session == nil {
-		return nil, errors.New("tools: call without a session")
-	}
-	if named != "" {
-		// A call naming a sandbox does not make one for its session.
-		sb, ok := s.m.Lookup(named, owner)
-		if !ok {
-			return nil, errcode.Errorf(errcode.NotFound,
-				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)
-		}
-		c.sandbox = sb.ID()
-		return sb, nil
-	}
-	own, err := s.m.Sandbox(s.key(c.req.Session, owner), owner)
-	if err != nil {
-		return nil, err
-	}
-	c.sandbox = own.ID()
-	return own, nil
-}
-
 // codeErrors makes every failed tool result start with a code. A failed
 // result a tool made carries its *errcode.Error (see handler; the SDK keeps
 // a handler's error on the result it makes of it). One without was made by
@@ -316,4 +248,8 @@ func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		return res, err
 	}
+}
+
+func textResult(s string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
 }

@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+)
+
+// systemRoots are the files where Linux distributions keep their root
+// certificates as one PEM bundle, in the order Go's crypto/x509 tries them.
+var systemRoots = []string{
+	"/etc/ssl/certs/ca-certificates.crt",                // Debian, Ubuntu, Alpine, Gentoo
+	"/etc/pki/tls/certs/ca-bundle.crt",                  // Fedora, RHEL 6
+	"/etc/ssl/ca-bundle.pem",                            // openSUSE
+	"/etc/pki/tls/cacert.pem",                           // OpenELEC
+	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", // CentOS, RHEL 7
+	"/etc/ssl/cert.pem",                                 // Alpine Linux
+}
+
+// Bounds of the setup request: the certificates sent, and the image's root
+// file read (Debian's is about 220 KiB).
+const (
+	maxSetupCerts  = 64 << 10
+	maxSystemRoots = 4 << 20
+)
+
+// setup writes the CA bundle: the image's roots, then the certificates the
+// server sent. It checks that what it got is certificates only, never a
+// key. The file and its directory end up read-only (0444 and 0555).
+func (s *server) setup(req agentproto.SetupRequest) (agentproto.SetupResult, error) {
+	return writeBundle(req, agentproto.CABundlePath, systemRoots)
+}
+
+// writeBundle is setup, writing to path with the first of roots that exists.
+func writeBundle(req agentproto.SetupRequest, path string, roots []string) (agentproto.SetupResult, error) {
+	var res agentproto.SetupResult
+	if req.CACerts == "" {
+		return res, nil
+	}
+	if len(req.CACerts) > maxSetupCerts {
+		return res, errcode.Errorf(errcode.InvalidArgument, "setup: %d bytes of CA certificates, more than %d", len(req.CACerts), maxSetupCerts)
+	}
+	rest := []byte(req.CACerts)
+	for n := 0; ; n++ {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			if n == 0 || strings.TrimSpace(string(rest)) != "" {
+				return res, errcode.Errorf(errcode.InvalidArgument, "setup: ca_certs is not a list of PEM certificates")
+			}
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			return res, errcode.Errorf(errcode.InvalidArgument, "setup: ca_certs holds a %q block; only certificates go into the sandbox", b.Type)
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return res, errcode.Errorf(errcode.InvalidArgument, "setup: ca_certs: %v", err)
+		}
+	}
+
+	var bundle []byte
+	for _, p := range roots {
+		b, err := readBounded(p, maxSystemRoots)
+		if err == nil && len(b) > 0 {
+			bundle, res.SystemRoots = b, p
+			break
+		}
+	}
+	if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
+		bundle = append(bundle, '\n')
+	}
+	bundle = append(bundle, "# sandbox-mcp egress proxy CA: it signs the certificates of the hosts\n# whose requests the proxy adds credentials to.\n"...)
+	bundle = append(bundle, req.CACerts...)
+
+	dir := filepath.Dir(path)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return res, fmt.Errorf("setup: %w", err)
+	}
+	if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+		return res, fmt.Errorf("setup: %s is not a directory", dir)
+	}
+	os.Chmod(dir, 0o755)
+	tmp, err := os.CreateTemp(dir, ".bundle-*")
+	if err != nil {
+		return res, fmt.Errorf("setup: %w", err)
+	}
+	_, werr := tmp.Write(bundle)
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr, os.Chmod(tmp.Name(), 0o444), os.Rename(tmp.Name(), path)); err != nil {
+		os.Remove(tmp.Name())
+		return res, fmt.Errorf("setup: write %s: %w", path, err)
+	}
+	if err := os.Chmod(dir, 0o555); err != nil {
+		return res, fmt.Errorf("setup: %w", err)
+	}
+	res.CABundle = path
+	return res, nil
+}
+
+// readBounded reads a regular file of at most max bytes.
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	return b, nil
+}

@@ -1,0 +1,56 @@
+package session
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+)
+
+// CABundleVars are the variables that point the usual clients at the CA
+// bundle the agent writes: OpenSSL and Go (SSL_CERT_FILE), curl, git,
+// pip, Python requests, Node.
+var CABundleVars = []string{
+	"SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+}
+
+// secretEnv is what a sandbox needs when the proxy holds secrets: each
+// secret's placeholder (never its value), and the variables that make
+// programs trust the proxy's CA through the bundle setup writes.
+func (m *Manager) secretEnv(sandbox string) []string {
+	if m.proxy == nil || m.proxy.CACert() == nil {
+		return nil
+	}
+	env := m.proxy.SecretEnv(sandbox)
+	for _, v := range CABundleVars {
+		env = append(env, v+"="+agentproto.CABundlePath)
+	}
+	return env
+}
+
+// setupSandbox has the agent write the CA bundle before any command runs,
+// when the proxy holds secrets.
+func (m *Manager) setupSandbox(ctx context.Context, c *conn) error {
+	if m.proxy == nil {
+		return nil
+	}
+	ca := m.proxy.CACert()
+	if ca == nil {
+		return nil
+	}
+	var res agentproto.SetupResult
+	err := c.roundTrip(ctx, opTimeout, agentproto.KindSetup, agentproto.SetupRequest{CACerts: string(ca)}, nil, nil,
+		func(f agentproto.Frame) error {
+			if err := f.Decode(&res); err != nil {
+				return fmt.Errorf("%w: %v", errProtocol, err)
+			}
+			return nil
+		})
+	if err != nil {
+		return fmt.Errorf("write the proxy's CA bundle in the sandbox: %w", err)
+	}
+	if res.SystemRoots == "" {
+		m.log.Warn("the image has no root certificates; the sandbox's CA bundle holds only the proxy's CA, so only hosts with a secret verify", "bundle", res.CABundle)
+	}
+	return nil
+}

@@ -1,0 +1,483 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+)
+
+// fakeSandboxes is a registry of one fake sandbox that records every call
+// made on it or on the sandbox, in order, and answers with what a test set.
+type fakeSandboxes struct {
+	sb    *fakeSandbox
+	snaps *session.SnapshotStore
+
+	mu    sync.Mutex
+	calls []string
+}
+
+func (f *fakeSandboxes) record(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+// made returns the calls recorded so far, leaving out the Release a
+// session's end makes (it depends on when the test closes it).
+func (f *fakeSandboxes) made() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(f.calls), func(c string) bool { return strings.HasPrefix(c, "Release") })
+}
+
+func (f *fakeSandboxes) Sandbox(key, owner string) (Sandbox, error) {
+	f.record("Sandbox")
+	return f.sb, nil
+}
+
+func (f *fakeSandboxes) Lookup(id, owner string) (Sandbox, bool) {
+	f.record("Lookup %s", id)
+	return f.sb, id == f.sb.ID()
+}
+
+func (f *fakeSandboxes) Release(key string) { f.record("Release") }
+
+func (f *fakeSandboxes) ReleaseSoon(key string) bool { f.record("ReleaseSoon"); return true }
+
+func (f *fakeSandboxes) Snapshots() *session.SnapshotStore { f.record("Snapshots"); return f.snaps }
+
+// fakeSandbox answers with the results a test set, and records each call
+// with the arguments the handler passed.
+type fakeSandbox struct {
+	f *fakeSandboxes
+
+	exec    session.ExecResult
+	read    session.ReadResult
+	entries []session.Entry
+	// written is what WriteFileFrom read from its reader.
+	written []byte
+}
+
+func (s *fakeSandbox) ID() string    { return "sb-fake" }
+func (s *fakeSandbox) Owner() string { return "" }
+
+func (s *fakeSandbox) Exec(ctx context.Context, req session.ExecRequest) (session.ExecResult, error) {
+	s.f.record("Exec %q cwd=%s env=%q timeout=%s program=%q stdin=%q", req.Argv, req.Cwd, req.Env, req.Timeout, req.Program, req.Stdin)
+	return s.exec, nil
+}
+
+func (s *fakeSandbox) Resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
+	s.f.record("Resolve %q", names)
+	return []string{"/usr/bin/" + names[0]}, nil
+}
+
+func (s *fakeSandbox) Shell(ctx context.Context) (string, string, error) {
+	s.f.record("Shell")
+	return "bash", "/usr/bin/bash", nil
+}
+
+func (s *fakeSandbox) AllowedPrograms(ctx context.Context) (map[string]string, error) {
+	s.f.record("AllowedPrograms")
+	return map[string]string{"/usr/bin/echo": "echo"}, nil
+}
+
+func (s *fakeSandbox) ReadFile(ctx context.Context, path string, offset, length, maxBytes int64) (session.ReadResult, error) {
+	s.f.record("ReadFile %s %d %d", path, offset, length)
+	return s.read, nil
+}
+
+func (s *fakeSandbox) WriteFileFrom(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (session.WriteResult, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return session.WriteResult{}, err
+	}
+	s.written = b
+	s.f.record("WriteFileFrom %s size=%d append=%v mode=%04o", path, size, appendTo, mode)
+	return session.WriteResult{Written: int64(len(b)), Size: int64(len(b))}, nil
+}
+
+func (s *fakeSandbox) Job(ctx context.Context, req session.JobRequest) (session.JobResult, error) {
+	s.f.record("Job %s", req.Job)
+	return session.JobResult{}, errcode.Errorf(errcode.NotFound, "the fake has no jobs")
+}
+
+func (s *fakeSandbox) Jobs(ctx context.Context) ([]session.JobInfo, error) {
+	s.f.record("Jobs")
+	return nil, nil
+}
+
+func (s *fakeSandbox) ReadLines(ctx context.Context, path string, start, end, maxBytes int64) (session.ReadResult, error) {
+	s.f.record("ReadLines %s %d %d", path, start, end)
+	return s.read, nil
+}
+
+func (s *fakeSandbox) EditFile(ctx context.Context, path, oldText, newText string, replaceAll bool, maxFile int64) (session.EditResult, error) {
+	s.f.record("EditFile %s %q %q %v", path, oldText, newText, replaceAll)
+	return session.EditResult{Replacements: 1, Size: 10}, nil
+}
+
+func (s *fakeSandbox) Delete(ctx context.Context, path string, recursive bool) (session.DeleteResult, error) {
+	s.f.record("Delete %s %v", path, recursive)
+	return session.DeleteResult{Deleted: 1, Type: "file"}, nil
+}
+
+func (s *fakeSandbox) Move(ctx context.Context, from, to string, overwrite bool) (session.MoveResult, error) {
+	s.f.record("Move %s %s %v", from, to, overwrite)
+	return session.MoveResult{To: to, Type: "file"}, nil
+}
+
+func (s *fakeSandbox) List(ctx context.Context, path string, recursive bool, maxEntries int) ([]session.Entry, bool, error) {
+	s.f.record("List %s recursive=%v max=%d", path, recursive, maxEntries)
+	return s.entries, false, nil
+}
+
+func (s *fakeSandbox) Snapshot(ctx context.Context, label string) (session.SnapshotInfo, error) {
+	s.f.record("Snapshot %q", label)
+	return session.SnapshotInfo{}, errcode.Errorf(errcode.Unavailable, "the fake makes no snapshots")
+}
+
+func (s *fakeSandbox) Restore(ctx context.Context, id string) (session.SnapshotInfo, session.RestoreResult, error) {
+	s.f.record("Restore %s", id)
+	return session.SnapshotInfo{}, session.RestoreResult{}, errcode.Errorf(errcode.Unavailable, "the fake restores nothing")
+}
+
+// fakeRig is the tools served over the go-sdk's in-memory transports, on a
+// fake registry, and a client talking to them.
+type fakeRig struct {
+	t   *testing.T
+	f   *fakeSandboxes
+	sb  *fakeSandbox
+	cs  *mcp.ClientSession
+	log *strings.Builder
+}
+
+func newFakeRig(t *testing.T, edit func(*policy.Policy)) *fakeRig {
+	t.Helper()
+	p := policy.Default()
+	if edit != nil {
+		edit(&p)
+	}
+	snaps, err := session.OpenSnapshotStore(t.TempDir(), session.Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeSandboxes{snaps: snaps}
+	f.sb = &fakeSandbox{f: f}
+	r := &fakeRig{t: t, f: f, sb: f.sb, log: &strings.Builder{}}
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, r.log}, nil))
+	r.cs = connect(t, &Deps{Policy: p, Sessions: SessionsOver(f), Logger: logger}, nil)
+	return r
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (r *fakeRig) call(name string, args map[string]any) *mcp.CallToolResult {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := r.cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		r.t.Fatalf("%s: %v", name, err)
+	}
+	return res
+}
+
+// structured returns the result's structured content as the client got it.
+func structured(t *testing.T, res *mcp.CallToolResult) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("structured content %s: %v", b, err)
+	}
+	return m
+}
+
+// TestRefusalsComeBeforeTheSandbox: an argument the schema refuses, or a
+// call policy refuses, is answered with its code before the call asks for a
+// sandbox at all: a refused call neither makes a sandbox nor touches one.
+func TestRefusalsComeBeforeTheSandbox(t *testing.T) {
+	readOnly := func(p *policy.Policy) { p.ReadOnly = true }
+	for _, tc := range []struct {
+		name string
+		edit func(*policy.Policy)
+		tool string
+		args map[string]any
+		code errcode.Code
+		want string // in the text
+	}{
+		{"exec denied", func(p *policy.Policy) { p.Exec = policy.ExecDeny }, NameExec, map[string]any{"argv": []string{"true"}}, errcode.PolicyDenied, ""},
+		{"exec without argv", nil, NameExec, map[string]any{}, errcode.InvalidArgument, "argv"},
+		{"exec empty argv", nil, NameExec, map[string]any{"argv": []string{}}, errcode.InvalidArgument, ""},
+		{"exec cwd outside", nil, NameExec, map[string]any{"argv": []string{"true"}, "cwd": "../etc"}, errcode.OutsideWorkspace, "climbs out"},
+		{"exec bad env name", nil, NameExec, map[string]any{"argv": []string{"true"}, "env": map[string]string{"A-B": "1"}}, errcode.InvalidArgument, ""},
+		{"exec timeout over the ceiling", nil, NameExec, map[string]any{"argv": []string{"true"}, "timeout_ms": 1 << 40}, errcode.InvalidArgument, ""},
+		{"read outside", nil, NameReadFile, map[string]any{"path": "/etc/passwd"}, errcode.OutsideWorkspace, "outside the workspace"},
+		{"read negative offset", nil, NameReadFile, map[string]any{"path": "a", "offset": -1}, errcode.InvalidArgument, ""},
+		{"read bytes and lines", nil, NameReadFile, map[string]any{"path": "a", "offset": 1, "start_line": 2}, errcode.InvalidArgument, ""},
+		{"edit read-only", readOnly, NameEditFile, map[string]any{"path": "a", "old_string": "x", "new_string": "y"}, errcode.ReadOnly, ""},
+		{"edit outside", nil, NameEditFile, map[string]any{"path": "../a", "old_string": "x", "new_string": "y"}, errcode.OutsideWorkspace, ""},
+		{"delete the root", nil, NameDelete, map[string]any{"path": "/workspace", "recursive": true}, errcode.InvalidArgument, ""},
+		{"delete read-only", readOnly, NameDelete, map[string]any{"path": "a"}, errcode.ReadOnly, ""},
+		{"move outside", nil, NameMove, map[string]any{"from": "a", "to": "/etc/a"}, errcode.OutsideWorkspace, ""},
+		{"view an image outside", nil, NameViewImage, map[string]any{"path": "/etc/x.png"}, errcode.OutsideWorkspace, ""},
+		{"job with exec denied", func(p *policy.Policy) { p.Exec = policy.ExecDeny }, NameJob, map[string]any{}, errcode.PolicyDenied, ""},
+		{"write read-only", readOnly, NameWriteFile, map[string]any{"path": "a", "content": "x"}, errcode.ReadOnly, "--read-only"},
+		{"write the root", nil, NameWriteFile, map[string]any{"path": "/workspace", "content": "x"}, errcode.InvalidArgument, "workspace root"},
+		{"write setuid", nil, NameWriteFile, map[string]any{"path": "a", "content": "x", "mode": "4755"}, errcode.InvalidArgument, "setuid"},
+		{"write bad base64", nil, NameWriteFile, map[string]any{"path": "a", "content": "!!!!", "encoding": "base64"}, errcode.InvalidArgument, "not valid base64"},
+		{"write too large", func(p *policy.Policy) { p.MaxFileBytes = 4 }, NameWriteFile, map[string]any{"path": "a", "content": "12345"}, errcode.TooLarge, "--max-file-bytes"},
+		{"list outside", nil, NameList, map[string]any{"path": "../.."}, errcode.OutsideWorkspace, ""},
+		{"list too many", nil, NameList, map[string]any{"max_entries": policy.MaxListEntries + 1}, errcode.InvalidArgument, ""},
+		{"restore read-only", readOnly, NameRestore, map[string]any{"id": "snap-0123456789abcdef0123"}, errcode.ReadOnly, ""},
+		{"restore bad id", nil, NameRestore, map[string]any{"id": "../../etc"}, errcode.InvalidArgument, "not a snapshot id"},
+		{"snapshot unknown argument", nil, NameSnapshot, map[string]any{"labels": "x"}, errcode.InvalidArgument, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newFakeRig(t, tc.edit)
+			res := r.call(tc.tool, tc.args)
+			got := text(res)
+			if !res.IsError || !strings.HasPrefix(got, string(tc.code)+": ") || !strings.Contains(got, tc.want) {
+				t.Errorf("isError %v, text %q; want a %s error mentioning %q", res.IsError, got, tc.code, tc.want)
+			}
+			if calls := r.f.made(); len(calls) != 0 {
+				t.Errorf("a refused call reached the sandboxes: %q", calls)
+			}
+		})
+	}
+}
+
+// TestNamedSandboxNotFound: a call naming a sandbox that is not the
+// caller's asks the registry for that one only, and never makes the
+// session's own.
+func TestNamedSandboxNotFound(t *testing.T) {
+	r := newFakeRig(t, nil)
+	res := r.call(NameExec, map[string]any{"argv": []string{"true"}, "sandbox": "sb-other"})
+	if got := text(res); !res.IsError || !strings.HasPrefix(got, "NOT_FOUND: ") || !strings.Contains(got, "omit \"sandbox\"") {
+		t.Errorf("isError %v, text %q", res.IsError, got)
+	}
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Lookup sb-other"}) {
+		t.Errorf("calls %q, want only the lookup", calls)
+	}
+	// Policy comes first even for a named sandbox.
+	res = r.call(NameReadFile, map[string]any{"path": "/etc", "sandbox": "sb-other"})
+	if got := text(res); !strings.HasPrefix(got, "OUTSIDE_WORKSPACE: ") {
+		t.Errorf("text %q", got)
+	}
+	if calls := r.f.made(); len(calls) != 1 {
+		t.Errorf("calls %q after a refused call", calls)
+	}
+}
+
+// TestExecRendering: what the sandbox is asked (the arguments as policy
+// made them) and what the model reads, in the text and in the structured
+// result.
+func TestExecRendering(t *testing.T) {
+	r := newFakeRig(t, nil)
+	r.sb.exec = session.ExecResult{Job: "j1", ExitCode: 3, Stdout: []byte("hi\n"), Stderr: []byte("bad \xff"), Duration: 12 * time.Millisecond}
+	res := r.call(NameExec, map[string]any{"argv": []string{"sh", "-c", "x"}, "cwd": "/workspace/sub/", "env": map[string]string{"A": "1"}, "stdin": "in"})
+	if res.IsError {
+		t.Fatalf("error: %s", text(res))
+	}
+	wantCalls := []string{"Sandbox", fmt.Sprintf("Exec %q cwd=sub/ env=%q timeout=%s program=\"\" stdin=\"in\"", []string{"sh", "-c", "x"}, []string{"A=1"}, policy.Default().ExecTimeout)}
+	if calls := r.f.made(); !slices.Equal(calls, wantCalls) {
+		t.Errorf("calls\n%q\nwant\n%q", calls, wantCalls)
+	}
+	wantText := "exit code 3 (12 ms, job j1)\n--- stdout ---\nhi\n--- stderr ---\nbad \uFFFD\n--- hint ---\n" +
+		"exit code 3: the command failed; its stderr usually says why. stderr was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64).\n"
+	if got := text(res); got != wantText {
+		t.Errorf("text\n%q\nwant\n%q", got, wantText)
+	}
+	out := structured(t, res)
+	if out["sandbox"] != "sb-fake" || out["exit_code"] != 3.0 || out["stdout"] != "hi\n" || out["stderr"] != "bad \uFFFD" ||
+		out["timed_out"] != false || out["duration_ms"] != 12.0 {
+		t.Errorf("structured %v", out)
+	}
+	if log := r.log.String(); !strings.Contains(log, "tool=sandbox_exec") || !strings.Contains(log, "sandbox=sb-fake") || !strings.Contains(log, "exit_code=3") {
+		t.Errorf("no log line of the call:\n%s", log)
+	}
+
+	// A command that ran past its timeout: an error result that still
+	// carries the output.
+	r.sb.exec = session.ExecResult{Job: "j2", ExitCode: 137, Stdout: []byte("partial"), TimedOut: true, Duration: time.Second}
+	res = r.call(NameExec, map[string]any{"argv": []string{"sleep", "9"}, "timeout_ms": 1000})
+	if got := text(res); !res.IsError || !strings.HasPrefix(got, "TIMEOUT: ") || !strings.Contains(got, "--- stdout ---\npartial\n") {
+		t.Errorf("isError %v, text %q", res.IsError, got)
+	}
+	if out := structured(t, res); out["timed_out"] != true || out["stdout"] != "partial" {
+		t.Errorf("structured %v", out)
+	}
+}
+
+// TestExecAllowlistAsksTheSandbox: with an allowlist, which program argv[0]
+// is depends on the sandbox, so that check comes after the sandbox is
+// resolved, and before anything runs.
+func TestExecAllowlistAsksTheSandbox(t *testing.T) {
+	r := newFakeRig(t, func(p *policy.Policy) { p.Exec, p.AllowCmds = policy.ExecAllowlist, []string{"echo"} })
+	res := r.call(NameExec, map[string]any{"argv": []string{"rm", "-rf", "x"}})
+	if got := text(res); !res.IsError || !strings.HasPrefix(got, "POLICY_DENIED: ") {
+		t.Errorf("isError %v, text %q", res.IsError, got)
+	}
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", `Resolve ["rm"]`, "AllowedPrograms"}) {
+		t.Errorf("calls %q", calls)
+	}
+	res = r.call(NameExec, map[string]any{"argv": []string{"echo", "hi"}})
+	if res.IsError {
+		t.Fatalf("error: %s", text(res))
+	}
+	if calls := r.f.made(); !strings.Contains(calls[len(calls)-1], `program="/usr/bin/echo"`) {
+		t.Errorf("calls %q", calls)
+	}
+}
+
+// TestCommandRunsThroughTheShell: a command string runs as the sandbox's
+// shell given it with -c; under an allowlist without that shell it is
+// refused after the sandbox said which shell it is, before anything runs.
+func TestCommandRunsThroughTheShell(t *testing.T) {
+	r := newFakeRig(t, nil)
+	if res := r.call(NameExec, map[string]any{"command": "ls | head"}); res.IsError {
+		t.Fatalf("error: %s", text(res))
+	}
+	if calls := r.f.made(); !slices.Equal(calls[1:], []string{"Shell", `Exec ["bash" "-c" "ls | head"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`}) {
+		t.Errorf("calls %q", calls)
+	}
+	r = newFakeRig(t, func(p *policy.Policy) { p.Exec, p.AllowCmds = policy.ExecAllowlist, []string{"echo"} })
+	res := r.call(NameExec, map[string]any{"command": "echo hi"})
+	if got := text(res); !res.IsError || !strings.HasPrefix(got, "POLICY_DENIED: ") || !strings.Contains(got, "shell bash") {
+		t.Errorf("isError %v, text %q", res.IsError, got)
+	}
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", "Shell", "AllowedPrograms"}) {
+		t.Errorf("calls %q", calls)
+	}
+}
+
+// TestFileRendering: read, write and list ask the sandbox with paths made
+// relative to the workspace, and render text and structured results.
+func TestFileRendering(t *testing.T) {
+	r := newFakeRig(t, func(p *policy.Policy) { p.MaxFileBytes = 5 })
+	r.sb.read = session.ReadResult{Data: []byte("hello"), Size: 10, Truncated: true}
+	res := r.call(NameReadFile, map[string]any{"path": "/workspace/a.txt"})
+	wantText := "a.txt: 5 of 10 bytes from offset 0; cut at this server's cap of 5 bytes; read on with offset=5 (the file has 10 bytes)\nhello"
+	if got := text(res); res.IsError || got != wantText {
+		t.Errorf("read: text %q, want %q", got, wantText)
+	}
+	if out := structured(t, res); out["path"] != "a.txt" || out["content"] != "hello" || out["encoding"] != "utf-8" || out["truncated"] != true || out["size"] != 10.0 {
+		t.Errorf("read: structured %v", out)
+	}
+
+	r.sb.read = session.ReadResult{Data: []byte{0xff, 0}, Size: 2}
+	res = r.call(NameReadFile, map[string]any{"path": "bin"})
+	if got := text(res); !strings.Contains(got, "base64 (not valid UTF-8)") || strings.Contains(got, "/wA=") {
+		t.Errorf("read binary: text %q (base64 belongs in the structured result only)", got)
+	}
+	if out := structured(t, res); out["content"] != "/wA=" || out["encoding"] != "base64" {
+		t.Errorf("read binary: structured %v", out)
+	}
+
+	res = r.call(NameWriteFile, map[string]any{"path": "/workspace/d/f", "content": "aGk=", "encoding": "base64", "mode": "0755"})
+	if got := text(res); res.IsError || got != "wrote 2 bytes to d/f (now 2 bytes)" {
+		t.Errorf("write: text %q", got)
+	}
+	if string(r.sb.written) != "hi" {
+		t.Errorf("write: the sandbox got %q, want the decoded content", r.sb.written)
+	}
+	if out := structured(t, res); out["path"] != "d/f" || out["bytes_written"] != 2.0 || out["sandbox"] != "sb-fake" {
+		t.Errorf("write: structured %v", out)
+	}
+
+	mtime := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	r.sb.entries = []session.Entry{
+		{Path: "d", Type: "dir", Mode: 0o755, MTime: mtime},
+		{Path: "d/l", Type: "symlink", Mode: 0o777, MTime: mtime, Target: "../x"},
+	}
+	res = r.call(NameList, map[string]any{"recursive": true})
+	if got := text(res); res.IsError || got != "0755 dir 0 d/\n0777 symlink 0 d/l -> ../x\n" {
+		t.Errorf("list: text %q", got)
+	}
+	out := structured(t, res)
+	entries, _ := out["entries"].([]any)
+	if out["path"] != "." || len(entries) != 2 || entries[1].(map[string]any)["target"] != "../x" || entries[0].(map[string]any)["mtime"] != "2026-01-02T03:04:05Z" {
+		t.Errorf("list: structured %v", out)
+	}
+
+	want := []string{
+		"Sandbox", "ReadFile a.txt 0 0",
+		"Sandbox", "ReadFile bin 0 0",
+		"Sandbox", "WriteFileFrom d/f size=2 append=false mode=0755",
+		"Sandbox", "List . recursive=true max=1000",
+	}
+	if calls := r.f.made(); !slices.Equal(calls, want) {
+		t.Errorf("calls\n%q\nwant\n%q", calls, want)
+	}
+}
+
+// TestSandboxErrorsReachTheModel: an error the sandbox returns with a code
+// is the tool's error, as "CODE: message".
+func TestSandboxErrorsReachTheModel(t *testing.T) {
+	r := newFakeRig(t, nil)
+	res := r.call(NameSnapshot, map[string]any{"label": "x"})
+	if got := text(res); !res.IsError || got != "UNAVAILABLE: the fake makes no snapshots" {
+		t.Errorf("isError %v, text %q", res.IsError, got)
+	}
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", `Snapshot "x"`}) {
+		t.Errorf("calls %q", calls)
+	}
+}
+
+// TestFileOpsAskWithWorkspacePaths: edit, delete, move and line reads reach
+// the sandbox with their paths made relative to the workspace, after the
+// session's sandbox is resolved, and render what the sandbox answered.
+func TestFileOpsAskWithWorkspacePaths(t *testing.T) {
+	r := newFakeRig(t, nil)
+	r.sb.read = session.ReadResult{Data: []byte("two\n"), Size: 8}
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+		want string // in the text
+	}{
+		{NameEditFile, map[string]any{"path": "/workspace/e.txt", "old_string": "a", "new_string": "b"}, "replaced 1 occurrence(s) in e.txt (now 10 bytes)"},
+		{NameDelete, map[string]any{"path": "/workspace/d/x"}, "deleted d/x (a file)"},
+		{NameMove, map[string]any{"from": "/workspace/a", "to": "/workspace/b/a"}, "moved a (a file) to b/a"},
+		{NameReadFile, map[string]any{"path": "/workspace/l.txt", "start_line": 2, "end_line": 2}, "two"},
+	} {
+		res := r.call(c.tool, c.args)
+		if got := text(res); res.IsError || !strings.Contains(got, c.want) {
+			t.Errorf("%s: isError %v, text %q; want %q in it", c.tool, res.IsError, got, c.want)
+		}
+	}
+	want := []string{
+		"Sandbox", `EditFile e.txt "a" "b" false`,
+		"Sandbox", "Delete d/x false",
+		"Sandbox", "Move a b/a false",
+		"Sandbox", "ReadLines l.txt 2 2",
+	}
+	if calls := r.f.made(); !slices.Equal(calls, want) {
+		t.Errorf("calls\n%q\nwant\n%q", calls, want)
+	}
+}
