@@ -22,8 +22,8 @@ var itoa = strconv.Itoa
 // of the Docker network, not of this package; they are tested against Docker
 // in session. Case 47 does not apply: sandboxes are told apart by listener,
 // not by Proxy-Authorization (which is ignored and never logged, see
-// TestLogRecords). Case 48 (SNI / domain fronting) is checked where the
-// proxy reads the ClientHello (secrets), and otherwise an accepted limit.
+// TestLogRecords). Case 48 (SNI / domain fronting) is tested with the
+// ClientHello check, in TestTunnelSNICheck.
 
 // specialAddrs are proxy cases 1-15: each address, as a CONNECT IP literal and as
 // the DNS answer for an allowed name, with the class Classify gives it.

@@ -22,6 +22,8 @@ type instance struct {
 	// quiet, when closed, stops the heartbeats (a test uses it to play a
 	// frozen server).
 	quiet chan struct{}
+	// shell is the shell command strings run through, once looked up.
+	shell atomic.Pointer[[2]string]
 }
 
 // startInstance starts instance number gen of the sandbox with the given id

@@ -130,11 +130,23 @@ func clipID(s string) string {
 	return s
 }
 
+// idle reports whether the sandbox has no container yet and nothing to
+// report about a lost one: it has no jobs, and asking about them need not
+// start one.
+func (s *Sandbox) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur == nil && s.lost == "" && s.restoreFrom == "" && !s.closed
+}
+
 // Job acts on one of the sandbox's jobs and reads its output.
 func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 	id, err := parseJob(req.Job)
 	if err != nil {
 		return JobResult{}, err
+	}
+	if s.idle() {
+		return JobResult{}, errcode.Errorf(errcode.NotFound, "no job %d in this sandbox: nothing has run in it yet; sandbox_exec starts jobs", id)
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
@@ -155,6 +167,9 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 
 // Jobs lists the sandbox's jobs, oldest first.
 func (s *Sandbox) Jobs(ctx context.Context) ([]JobInfo, error) {
+	if s.idle() {
+		return nil, nil
+	}
 	ctx, end := s.begin(ctx)
 	defer end()
 	inst, err := s.ready(ctx)

@@ -201,3 +201,34 @@ func TestSessionEndLeavesNoProcess(t *testing.T) {
 	m.Release(t.Name())
 	waitGone(t, testenv.Engine(t), cid)
 }
+
+// TestJobsOfAFreshSandboxStartNothing: asking a sandbox that has run
+// nothing about its jobs answers without starting a container.
+func TestJobsOfAFreshSandboxStartNothing(t *testing.T) {
+	m := testManager(t, nil)
+	sb := newSandbox(t, m)
+	jobs, err := sb.Jobs(context.Background())
+	if err != nil || len(jobs) != 0 {
+		t.Fatalf("jobs %v, %v", jobs, err)
+	}
+	_, err = sb.Job(context.Background(), JobRequest{Job: "1", Max: 10})
+	wantCode(t, err, errcode.NotFound)
+	if id := sb.ContainerID(); id != "" {
+		t.Fatalf("asking about jobs started container %s", id)
+	}
+}
+
+// TestShellIsTheImages: the test image has no bash, so command strings run
+// through its sh; the answer is the same when asked again (it is kept per
+// container).
+func TestShellIsTheImages(t *testing.T) {
+	m := testManager(t, nil)
+	sb := newSandbox(t, m)
+	name, path, err := sb.Shell(context.Background())
+	if err != nil || name != "sh" || path == "" {
+		t.Fatalf("shell %q %q %v", name, path, err)
+	}
+	if n2, p2, err := sb.Shell(context.Background()); n2 != name || p2 != path || err != nil {
+		t.Fatalf("asked again: %q %q %v", n2, p2, err)
+	}
+}

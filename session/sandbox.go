@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
 // Sandbox is one MCP session's sandbox: a record that outlives any one
@@ -209,6 +210,35 @@ func (s *Sandbox) Resolve(ctx context.Context, names []string, cwd string) ([]st
 	}
 	out, err := inst.conn.resolve(ctx, names, cwd)
 	return out, s.failed(inst, err)
+}
+
+// Shell returns the shell a command string runs through: the first of
+// policy.Shells the container has, by name and resolved path ("" when it
+// has none). It is looked up once per container: the programs on the
+// agent's PATH are outside the workspace, on a read-only root filesystem.
+func (s *Sandbox) Shell(ctx context.Context) (name, path string, err error) {
+	ctx, end := s.begin(ctx)
+	defer end()
+	inst, err := s.ready(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	if sh := inst.shell.Load(); sh != nil {
+		return sh[0], sh[1], nil
+	}
+	found, err := inst.conn.resolve(ctx, policy.Shells, ".")
+	if err != nil {
+		return "", "", s.failed(inst, err)
+	}
+	sh := [2]string{policy.Shells[0], ""}
+	for i, p := range found {
+		if p != "" {
+			sh = [2]string{policy.Shells[i], p}
+			break
+		}
+	}
+	inst.shell.Store(&sh)
+	return sh[0], sh[1], nil
 }
 
 // AllowedPrograms returns the resolved command allowlist of the current

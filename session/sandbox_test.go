@@ -388,18 +388,12 @@ func TestReleaseSoonTellsCallsTheSessionEnded(t *testing.T) {
 		m := testManager(t, nil)
 		sb := newSandbox(t, m)
 		run(t, sb, "true")
-		done := make(chan error, 1)
-		go func() {
-			_, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sleep", "60"}, Cwd: ".", Timeout: time.Minute, MaxOutput: 1024})
-			done <- err
-		}()
-		for !strings.Contains(string(sh(t, sb, "ps -o args | grep '[s]leep 60' || true").Stdout), "sleep 60") {
-			time.Sleep(20 * time.Millisecond)
-		}
+		done := execStarted(t, context.Background(), sb, ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 60"}, Timeout: time.Minute, MaxOutput: 1024})
 		m.ReleaseSoon(t.Name())
 		var err error
 		select {
-		case err = <-done:
+		case d := <-done:
+			err = d.err
 		case <-time.After(20 * time.Second):
 			t.Fatal("the call in flight did not end")
 		}

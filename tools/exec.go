@@ -159,16 +159,9 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	if in.Command != "" {
 		label = in.Command
 		// The image's bash, else its sh, runs the line.
-		shells, err := sb.Resolve(ctx, policy.Shells, ".")
+		shell, resolved, err := sb.Shell(ctx)
 		if err != nil {
 			return nil, out, err
-		}
-		shell, resolved := policy.Shells[0], ""
-		for i, r := range shells {
-			if r != "" {
-				shell, resolved = policy.Shells[i], r
-				break
-			}
 		}
 		var allowed map[string]string
 		if p.NeedsResolve() {

@@ -28,21 +28,9 @@ func TestLongOutputTravelsOnce(t *testing.T) {
 		t.Fatalf("a short output is not in the text: %q", txt)
 	}
 
-	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
-	Register(s, r.d)
-	st, ct := mcp.NewInMemoryTransports()
 	ctx := context.Background()
-	ss, err := s.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
-	old, err := mcp.NewClient(&mcp.Implementation{Name: "old", Version: "0"}, nil).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: "2025-03-26"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	res, err = old.CallTool(ctx, &mcp.CallToolParams{Name: NameExec, Arguments: map[string]any{"argv": []string{"seq", "1", "20000"}}})
+	old := connect(t, r.d, &mcp.ClientSessionOptions{ProtocolVersion: "2025-03-26"})
+	res, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameExec, Arguments: map[string]any{"argv": []string{"seq", "1", "20000"}}})
 	if err != nil || res.IsError || !strings.Contains(text(res), "19999\n20000\n") {
 		t.Fatalf("an old client's exec: %v %.300q", err, text(res))
 	}

@@ -121,24 +121,12 @@ func TestLongTextTravelsOnce(t *testing.T) {
 
 	// A client from before structured content reads only the text: it gets
 	// the content there.
-	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
-	Register(s, r.d)
-	st, ct := mcp.NewInMemoryTransports()
 	ctx := context.Background()
-	ss, err := s.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
-	old, err := mcp.NewClient(&mcp.Implementation{Name: "old", Version: "0"}, nil).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: "2025-03-26"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
+	old := connect(t, r.d, &mcp.ClientSessionOptions{ProtocolVersion: "2025-03-26"})
 	if _, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameWriteFile, Arguments: map[string]any{"path": "long.txt", "content": long}}); err != nil {
 		t.Fatal(err)
 	}
-	res, err = old.CallTool(ctx, &mcp.CallToolParams{Name: NameReadFile, Arguments: map[string]any{"path": "long.txt"}})
+	res, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameReadFile, Arguments: map[string]any{"path": "long.txt"}})
 	if err != nil || res.IsError || !strings.HasSuffix(text(res), "\n"+long) {
 		t.Fatalf("an old client's read: %v %.200q", err, text(res))
 	}

@@ -84,6 +84,11 @@ func (s *fakeSandbox) Resolve(ctx context.Context, names []string, cwd string) (
 	return []string{"/usr/bin/" + names[0]}, nil
 }
 
+func (s *fakeSandbox) Shell(ctx context.Context) (string, string, error) {
+	s.f.record("Shell")
+	return "bash", "/usr/bin/bash", nil
+}
+
 func (s *fakeSandbox) AllowedPrograms(ctx context.Context) (map[string]string, error) {
 	s.f.record("AllowedPrograms")
 	return map[string]string{"/usr/bin/echo": "echo"}, nil
@@ -174,18 +179,7 @@ func newFakeRig(t *testing.T, edit func(*policy.Policy)) *fakeRig {
 	r := &fakeRig{t: t, f: f, sb: f.sb, log: &strings.Builder{}}
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, r.log}, nil))
-	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
-	Register(s, &Deps{Policy: p, Sessions: SessionsOver(f), Logger: logger})
-	st, ct := mcp.NewInMemoryTransports()
-	ctx := context.Background()
-	ss, err := s.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.cs, err = mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.cs.Close(); ss.Wait() })
+	r.cs = connect(t, &Deps{Policy: p, Sessions: SessionsOver(f), Logger: logger}, nil)
 	return r
 }
 
@@ -358,6 +352,27 @@ func TestExecAllowlistAsksTheSandbox(t *testing.T) {
 		t.Fatalf("error: %s", text(res))
 	}
 	if calls := r.f.made(); !strings.Contains(calls[len(calls)-1], `program="/usr/bin/echo"`) {
+		t.Errorf("calls %q", calls)
+	}
+}
+
+// TestCommandRunsThroughTheShell: a command string runs as the sandbox's
+// shell given it with -c; under an allowlist without that shell it is
+// refused after the sandbox said which shell it is, before anything runs.
+func TestCommandRunsThroughTheShell(t *testing.T) {
+	r := newFakeRig(t, nil)
+	if res := r.call(NameExec, map[string]any{"command": "ls | head"}); res.IsError {
+		t.Fatalf("error: %s", text(res))
+	}
+	if calls := r.f.made(); !slices.Equal(calls[1:], []string{"Shell", `Exec ["bash" "-c" "ls | head"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`}) {
+		t.Errorf("calls %q", calls)
+	}
+	r = newFakeRig(t, func(p *policy.Policy) { p.Exec, p.AllowCmds = policy.ExecAllowlist, []string{"echo"} })
+	res := r.call(NameExec, map[string]any{"command": "echo hi"})
+	if got := text(res); !res.IsError || !strings.HasPrefix(got, "POLICY_DENIED: ") || !strings.Contains(got, "shell bash") {
+		t.Errorf("isError %v, text %q", res.IsError, got)
+	}
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", "Shell", "AllowedPrograms"}) {
 		t.Errorf("calls %q", calls)
 	}
 }

@@ -23,24 +23,34 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
-// listTools returns the tools exactly as a client sees them.
-func listTools(t *testing.T, p policy.Policy) []*mcp.Tool {
+// connect serves the tools of d over the go-sdk's in-memory transports and
+// returns a client session to them; opts, if not nil, are the client
+// session's (an older protocol version, say). Both ends close when the
+// test ends.
+func connect(t *testing.T, d *Deps, opts *mcp.ClientSessionOptions) *mcp.ClientSession {
 	t.Helper()
 	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "0"}, nil)
-	Register(s, &Deps{Policy: p, Sessions: NewSessions(nil), Logger: slog.New(slog.DiscardHandler)})
+	Register(s, d)
 	st, ct := mcp.NewInMemoryTransports()
 	ctx := context.Background()
 	ss, err := s.Connect(ctx, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ss.Close()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, nil)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, opts)
 	if err != nil {
+		ss.Close()
 		t.Fatal(err)
 	}
-	defer cs.Close()
-	res, err := cs.ListTools(ctx, nil)
+	t.Cleanup(func() { cs.Close(); ss.Wait() })
+	return cs
+}
+
+// listTools returns the tools exactly as a client sees them.
+func listTools(t *testing.T, p policy.Policy) []*mcp.Tool {
+	t.Helper()
+	cs := connect(t, &Deps{Policy: p, Sessions: NewSessions(nil), Logger: slog.New(slog.DiscardHandler)}, nil)
+	res, err := cs.ListTools(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

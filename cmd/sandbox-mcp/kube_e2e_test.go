@@ -97,9 +97,9 @@ func TestKubeTools(t *testing.T) {
 	if r := s.ok("sandbox_read_file", map[string]any{"path": "dir/a.txt"}); r["content"] != "one\n" {
 		t.Fatalf("read: %v", r)
 	}
-	s.fails("sandbox_read_file", map[string]any{"path": "../etc/passwd"}, "INVALID_ARGUMENT")
-	s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "ln -s /etc/passwd /workspace/link"}})
-	s.fails("sandbox_read_file", map[string]any{"path": "link"}, "INVALID_ARGUMENT")
+	s.fails("sandbox_read_file", map[string]any{"path": "../etc/passwd"}, "OUTSIDE_WORKSPACE")
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "ln -s /etc /workspace/link"}})
+	s.fails("sandbox_read_file", map[string]any{"path": "link/passwd"}, "OUTSIDE_WORKSPACE")
 	// A timeout kills the command and what it left behind.
 	res := s.call("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "(setsid sh -c 'sleep 301' &); echo partial; sleep 300"}, "timeout_ms": 1000})
 	if !res.IsError || !strings.HasPrefix(text(res), "TIMEOUT: ") {
@@ -249,5 +249,35 @@ nc -w 3 %[2]s %[3]d </dev/null && echo open || echo closed`, tport, nodeIP, opor
 	}
 	if parts[2] != "closed\n" {
 		t.Errorf("an allowlist pod reached another port of the node: %q", parts[2])
+	}
+}
+
+// TestKubeWarmPoolAndIdleReap: with --warm 1 a pod waits ahead of need and
+// serves the first call; an idle sandbox's pod is saved and removed, and
+// the next call gets a fresh pod restored from that snapshot.
+func TestKubeWarmPoolAndIdleReap(t *testing.T) {
+	k := newKubeEnv(t)
+	s := startServer(t, serverOpts{args: k.args("--warm", "1", "--idle-timeout", "4s", "--cpus", "0.5")})
+	// The pool fills before any call.
+	deadline := time.Now().Add(60 * time.Second)
+	for len(k.pods(t, "")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the warm pool made no pod")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	id := s.ok("sandbox_write_file", map[string]any{"path": "note.txt", "content": "before the reap"})["sandbox"].(string)
+	// The idle reaper saves the workspace and removes the pod.
+	k.waitNoPods(t, id, 60*time.Second)
+	// The first call after it says so (as with Docker); the next restores.
+	if msg := s.fails("sandbox_read_file", map[string]any{"path": "note.txt"}, "UNAVAILABLE"); !strings.Contains(msg, "--idle-timeout") {
+		t.Errorf("after the reap: %s", msg)
+	}
+	r := s.ok("sandbox_read_file", map[string]any{"path": "note.txt"})
+	if r["content"] != "before the reap" || r["sandbox"] != id {
+		t.Fatalf("after the idle reap: %v", r)
+	}
+	if pods := k.pods(t, id); len(pods) != 1 {
+		t.Fatalf("pods of the restored sandbox: %v", pods)
 	}
 }

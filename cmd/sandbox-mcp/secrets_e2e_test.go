@@ -158,13 +158,15 @@ func makeRepo(t *testing.T) string {
 	return root
 }
 
-// sniProbe opens a tunnel to target through the sandbox's proxy and makes
+// sniProbe opens a tunnel to target through the sandbox's proxy (with the
+// sandbox's credential from its proxy URL) and makes
 // a TLS handshake naming sni (none if empty), trusting only the test CA.
-const sniProbe = `import os, socket, ssl, sys
+const sniProbe = `import base64, os, socket, ssl, sys, urllib.parse
 target, sni = sys.argv[1], sys.argv[2]
-host, port = os.environ["HTTPS_PROXY"][len("http://"):].rsplit(":", 1)
-s = socket.create_connection((host, int(port)), timeout=10)
-s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+u = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+auth = base64.b64encode(("%s:%s" % (u.username, u.password)).encode()).decode()
+s = socket.create_connection((u.hostname, u.port), timeout=10)
+s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n" % (target, target, auth)).encode())
 resp = b""
 while b"\r\n\r\n" not in resp:
     c = s.recv(1)
@@ -181,11 +183,13 @@ except Exception as e:
     print("handshake failed:", e)
 `
 
-// nodeConnect fetches /node from host:port (argv) through HTTPS_PROXY
-// with the token from the environment, and prints the response body.
+// nodeConnect fetches /node from host:port (argv) through HTTPS_PROXY (with
+// the sandbox's proxy credential from its URL) with the token from the
+// environment, and prints the response body.
 const nodeConnect = `const http = require("http"), tls = require("tls");
 const proxy = new URL(process.env.HTTPS_PROXY), target = process.argv[2];
-http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT", path: target}).on("connect", (res, sock) => {
+const auth = Buffer.from(decodeURIComponent(proxy.username) + ":" + decodeURIComponent(proxy.password)).toString("base64");
+http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT", path: target, headers: {"Proxy-Authorization": "Basic " + auth}}).on("connect", (res, sock) => {
   const s = tls.connect({socket: sock, servername: target.split(":")[0]}, () => {
     s.write("GET /node HTTP/1.1\r\nHost: " + target + "\r\nAuthorization: Bearer " + process.env.TOKEN + "\r\nConnection: close\r\n\r\n");
   });

@@ -1,16 +1,21 @@
 package engine
 
 import (
+	"context"
 	"crypto/rand"
 	"net/netip"
 	"os/exec"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
 // testFirewall returns the real firewall, or skips where iptables cannot
-// be changed. The rules a test makes name a network no engine has.
+// be changed. The rules a test makes name a network of its own.
 func testFirewall(t *testing.T) (*firewall, string) {
 	t.Helper()
 	if testing.Short() {
@@ -22,7 +27,25 @@ func testFirewall(t *testing.T) (*firewall, string) {
 	}
 	network := "sandbox-mcp-fwtest-" + strings.ToLower(rand.Text()[:10])
 	t.Cleanup(func() { fw.release(network) })
+	liveNetwork(t, network)
 	return fw, network
+}
+
+// liveNetwork makes an engine network of that name, labelled as a live
+// server's, so that the firewall sweep of any server starting meanwhile
+// (tests run in parallel) keeps its rules: the sweep removes the rules of
+// networks the engine no longer has.
+func liveNetwork(t *testing.T, name string) {
+	t.Helper()
+	cli := testenv.Engine(t)
+	labels := ownerLabels()
+	labels[LabelManaged] = "1"
+	labels[LabelInstance] = "fwtest"
+	ctx := context.Background()
+	if _, err := cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{Labels: labels}); err != nil {
+		t.Fatalf("create network %s: %v", name, err)
+	}
+	t.Cleanup(func() { cli.NetworkRemove(context.Background(), name, client.NetworkRemoveOptions{}) })
 }
 
 func rulesOf(t *testing.T, network string) int {

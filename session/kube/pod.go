@@ -32,6 +32,8 @@ const (
 	// bookkeeping (the root filesystem is read-only, the container logs
 	// stay empty).
 	DefaultEphemeralBytes = 128 << 20
+	// CPURequestShare divides a sandbox's CPU limit into its CPU request.
+	CPURequestShare = 4
 )
 
 // Labels put on every object the backend makes. They are valid label keys
@@ -117,6 +119,12 @@ func Pod(p Params) *corev1.Pod {
 		corev1.ResourceCPU:              *resource.NewMilliQuantity(max(p.NanoCPUs/1_000_000, 1), resource.DecimalSI),
 		corev1.ResourceEphemeralStorage: *resource.NewQuantity(eph, resource.BinarySI),
 	}
+	// Memory and storage are reserved whole (they cannot be taken back);
+	// CPU is reserved at CPURequestShare of the limit, since sandboxes sit
+	// idle most of the time: a node runs more of them, and each may still
+	// burst to its limit.
+	requests := limits.DeepCopy()
+	requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(max(p.NanoCPUs/1_000_000/CPURequestShare, 1), resource.DecimalSI)
 	memDir := func(size int64) corev1.VolumeSource {
 		return corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
 			Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(size, resource.BinarySI)}}
@@ -173,7 +181,7 @@ func Pod(p Params) *corev1.Pod {
 				WorkingDir:      WorkspaceDir,
 				Env:             envVars(p.Env),
 				SecurityContext: sc(),
-				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: limits},
+				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "workspace", MountPath: WorkspaceDir, ReadOnly: p.ReadOnly},
 					{Name: "tmp", MountPath: "/tmp"},

@@ -111,6 +111,12 @@ func TestPodFields(t *testing.T) {
 	if got := sb.Resources.Limits.Cpu().MilliValue(); got != 1500 {
 		t.Errorf("cpu limit %dm, want 1500m", got)
 	}
+	if got := sb.Resources.Requests.Cpu().MilliValue(); got != 375 {
+		t.Errorf("cpu request %dm, want a quarter of the limit", got)
+	}
+	if sb.Resources.Requests.Memory().Value() != 512<<20 {
+		t.Error("memory request is not the limit")
+	}
 	if got := sb.Resources.Limits.StorageEphemeral().Value(); got != DefaultEphemeralBytes {
 		t.Errorf("ephemeral limit %d", got)
 	}
