@@ -545,6 +545,21 @@ func TestHTTPCallers(t *testing.T) {
 	if _, err := b.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Fatalf("another caller read the snapshot: %v", err)
 	}
+	// Nor restore, delete or list it: to another caller it does not exist.
+	b.fails("sandbox_restore", map[string]any{"id": snap["id"]}, "NOT_FOUND")
+	b.fails("sandbox_snapshot_delete", map[string]any{"id": snap["id"]}, "NOT_FOUND")
+	lr, err := b.cs.ListResources(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range lr.Resources {
+		if r.URI == uri {
+			t.Fatal("another caller lists the snapshot")
+		}
+	}
+	if _, err := a2.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err != nil {
+		t.Fatalf("another caller's delete removed the snapshot: %v", err)
+	}
 
 	// HTTP case 11: a session id with another caller's token is refused, and
 	// a DELETE by another caller leaves the session and its sandbox alone.
@@ -597,8 +612,8 @@ func TestHTTPCallers(t *testing.T) {
 			recs = append(recs, m)
 		}
 	}
-	if len(recs) != 12 {
-		t.Errorf("%d audit records for 12 tool calls:\n%s", len(recs), raw)
+	if len(recs) != 14 {
+		t.Errorf("%d audit records for 14 tool calls:\n%s", len(recs), raw)
 	}
 	find := func(pred func(map[string]any) bool) map[string]any {
 		for _, m := range recs {
