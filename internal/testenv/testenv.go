@@ -233,7 +233,7 @@ func ServerImage(t testing.TB) string {
 		}
 		defer os.RemoveAll(dir)
 		for _, c := range []string{"sandbox-mcp", "sandbox-agent"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, c), "./cmd/"+c)
+			cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, c), "./cmd/"+c)
 			cmd.Dir = RepoRoot()
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
