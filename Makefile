@@ -32,6 +32,16 @@ image: ## build the default sandbox image without a registry (debootstrap and ap
 testimage: ## build the small busybox image the tests use
 	bash image/testimage/build.sh
 
+.PHONY: server-image
+server-image: ## build the server's own image (FROM scratch, static binaries; for deploy/kubernetes/)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/static/sandbox-agent ./cmd/sandbox-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/static/sandbox-mcp ./cmd/sandbox-mcp
+	bash image/server/build.sh $(BIN)/static
+
+.PHONY: scale-sim
+scale-sim: ## simulate the Kubernetes backend's control path on kwok fake nodes (NODES=1000 SANDBOXES=10000; ~10-20 minutes)
+	NODES=$(or $(NODES),1000) SANDBOXES=$(or $(SANDBOXES),10000) bash hack/scale-sim.sh
+
 .PHONY: k8s-images
 k8s-images: ## build the agent image and load it and the sandbox images into the test node (../shared/tools/k8s)
 	bash hack/k8s-images.sh $(K8S_IMAGES)

@@ -23,6 +23,37 @@ import (
 // pipes open. After that the call ends; such processes keep running.
 const lingerGrace = 100 * time.Millisecond
 
+// drainCeiling bounds the wait for the readers of a command's output once
+// no process of the command is left: the pipes then have no writer, and the
+// readers end as soon as they have taken what the command wrote, however
+// late a loaded machine schedules them or a slow server takes the frames.
+const drainCeiling = 10 * time.Second
+
+// waitForOutput waits for done (every byte of a command's output read).
+// After grace it goes on waiting only while nothing holds the pipes
+// (lingering() false: no process of the command left; a command without
+// a group of its own counts as lingering), up to ceiling. It
+// reports whether done came. Without the second wait, a command that
+// exited while its output sat unread in a pipe (the readers not yet
+// scheduled, or held up sending the previous chunk) ended with that output
+// missing from its result.
+func waitForOutput(done <-chan struct{}, grace, ceiling time.Duration, lingering func() bool) bool {
+	select {
+	case <-done:
+		return true
+	case <-time.After(grace):
+	}
+	if lingering() {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-time.After(ceiling):
+		return false
+	}
+}
+
 // cleanSearchPath keeps the absolute PATH entries outside the workspace, so
 // a program planted in the workspace is never found by name.
 func cleanSearchPath(dirs []string, workspace string) []string {
@@ -315,9 +346,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 	// write; a command run without a job drops it.
 	done := make(chan struct{})
 	go func() { readers.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(lingerGrace):
+	if !waitForOutput(done, lingerGrace, drainCeiling, func() bool { return group == 0 || groupHasMembers(group) }) {
 		if req.Job == 0 {
 			outR.Close()
 			errR.Close()

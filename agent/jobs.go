@@ -396,8 +396,10 @@ func (s *server) jobOp(ctx context.Context, c *call, req agentproto.JobRequest) 
 	n0, n1 := splitBudget(max(req.Max, 0), j.out[0].total-at[0], j.out[1].total-at[1])
 	data[0], at[0] = j.out[0].read(at[0], n0)
 	data[1], at[1] = j.out[1].read(at[1], n1)
-	for i := range data {
-		j.cursor[i] = at[i] + int64(len(data[i]))
+	if !req.Peek {
+		for i := range data {
+			j.cursor[i] = at[i] + int64(len(data[i]))
+		}
 	}
 	st := j.statusLocked()
 	j.mu.Unlock()

@@ -245,6 +245,16 @@ func parseStatus(pid int, b []byte) (procInfo, bool) {
 	return p, seen == 2
 }
 
+// groupHasMembers reports whether a live process still holds group.
+func groupHasMembers(group uint32) bool {
+	for _, p := range scanProcs() {
+		if p.live && p.in(group) {
+			return true
+		}
+	}
+	return false
+}
+
 // groupsInUse returns the supplementary groups of every live process.
 func groupsInUse() map[uint32]bool {
 	out := map[uint32]bool{}

@@ -34,7 +34,7 @@ var samples = map[string]any{
 	},
 	"job_request": JobRequest{
 		Job: 4, Stdin: []byte("hi\n"), CloseStdin: true, Signal: "TERM", WaitMillis: 1000,
-		StdoutOffset: -1, StderrOffset: 100, Max: 32 << 10,
+		StdoutOffset: -1, StderrOffset: 100, Max: 32 << 10, Peek: true,
 	},
 	"job_status": JobStatus{
 		Job: 4, Label: "ls -l", State: JobKilled, ExitCode: 143, Signal: "SIGTERM", TimedOut: true,

@@ -147,6 +147,9 @@ type JobRequest struct {
 	StderrOffset int64 `json:"stderr_offset"`
 	// Max bounds the bytes sent back, both streams together.
 	Max int64 `json:"max"`
+	// Peek leaves where the last read ended as it was (a read for
+	// progress, which the model's next read must not skip).
+	Peek bool `json:"peek,omitempty"`
 }
 
 // JobStatus is a job's state, the terminal body of a background exec, of a

@@ -3,11 +3,12 @@
 # node's containerd (no registry: docker save | ctr import; pods use
 # imagePullPolicy Never there).
 #
-#   hack/k8s-images.sh [IMAGE...]   build sandbox-mcp-agent:<hash>, then load it
-#                                   and each IMAGE (default: the test image and,
+#   hack/k8s-images.sh [IMAGE...]   build sandbox-mcp-agent:<hash> and the
+#                                   server's image sandbox-mcp-server:<hash>
+#                                   (image/server), then load both and each IMAGE (default: the test image and,
 #                                   if built, the default sandbox image) into the
 #                                   node; the last stdout line is the agent tag
-#   hack/k8s-images.sh --build-only build the agent image only (for a registry)
+#   hack/k8s-images.sh --build-only build the agent and server images only (for a registry)
 #
 # The agent image is FROM scratch with the static sandbox-agent at
 # /sandbox-agent; <hash> is the first 12 hex digits of the binary's sha256, so
@@ -38,6 +39,12 @@ if ! docker image inspect "$agent" >/dev/null 2>&1; then
   docker build -q --label io.sandbox-mcp.agent=1 -t "$agent" "$tmp" >&2
   log "built $agent"
 fi
+# The server's own image (deploy/kubernetes/ runs it): the static server
+# beside the same agent, FROM scratch (image/server/build.sh).
+( cd "$root" && CGO_ENABLED=0 "$GO" build -trimpath \
+    -ldflags "-s -w -X main.version=$version -X github.com/sandbox-mcp/sandbox-mcp/agent.version=$version" \
+    -o "$tmp/sandbox-mcp" ./cmd/sandbox-mcp )
+server="$(bash "$root/image/server/build.sh" "$tmp" | tail -1)"
 if $build_only; then echo "$agent"; exit 0; fi
 
 [ -S "$SOCK" ] || die "no test node containerd at $SOCK: run ../shared/tools/k8s/k8s-node.sh all (or up) first"
@@ -49,7 +56,7 @@ if [ ${#images[@]} -eq 0 ]; then
   def="$(cd "$root" && "$GO" run ./cmd/sandbox-mcp image 2>/dev/null | tail -1 || true)"
   if [ -n "$def" ] && docker image inspect "$def" >/dev/null 2>&1; then images+=("$def"); fi
 fi
-for img in "$agent" "${images[@]}"; do
+for img in "$agent" "$server" "${images[@]}"; do
   docker image inspect "$img" >/dev/null 2>&1 || die "image $img is not built (make image testimage)"
   ref="docker.io/library/$img"
   case "$img" in */*) ref="$img" ;; esac

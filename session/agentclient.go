@@ -40,6 +40,9 @@ type ExecRequest struct {
 	// OnOutput, if set, sees output as it arrives (for progress). It must
 	// not block.
 	OnOutput func(stream string, p []byte)
+	// OnStart, if set, learns the job id before the command is sent (for
+	// progress past what the live output carries). It must not block.
+	OnStart func(job string)
 
 	job jobOpts // set by Sandbox.Exec
 }
@@ -632,4 +635,11 @@ func unavailable(err error) error {
 	}
 	return errcode.Errorf(errcode.Unavailable,
 		"the sandbox stopped (%v); its workspace is lost and its jobs ended. Call again: the next call starts a fresh sandbox, with no jobs", err)
+}
+
+// snapshotLimits are the caps on a workspace's tar stream, both ways. The
+// stream holds the workspace's bytes plus headers and padding: the workspace
+// cap plus some room for those is the ceiling.
+func snapshotLimits(p policy.Policy) agentproto.Limits {
+	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
 }

@@ -13,11 +13,14 @@
 // package session/engine, made from Options.Client unless Options.Backend
 // names another.
 //
-// The files: registry.go (the Manager, its options, the sandboxes by
-// key and id), sandbox.go (one sandbox and its calls), instance.go (one
+// The files: registry.go (the Manager, its options, the sandboxes by key
+// and id), sandbox.go (one sandbox and its calls), instance.go (one
 // instance's start, heartbeats and removal), agentclient.go (the requests
-// to the agent), conn.go (the connection to it), pool.go, reap.go, seed.go,
-// snapshots.go and sweep.go.
+// to the agent; fileops.go and jobs.go for the file and job requests),
+// conn.go (the connection to it), pool.go (the warm pool), reap.go (idle
+// removal), seed.go (--workspace-from), secrets.go and sweep.go.
+// Snapshots are kept by package snapshot; the server reaches a caller's
+// through its view, Snapshots().For(caller).
 //
 // Package session knows the agent protocol; it does not know MCP. Callers
 // key sandboxes by an opaque string of their own.

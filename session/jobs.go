@@ -23,6 +23,8 @@ type JobRequest struct {
 	StdoutOffset, StderrOffset int64
 	// Max bounds the output returned, both streams together.
 	Max int64
+	// Peek reads without moving where the next read of new output starts.
+	Peek bool
 }
 
 // JobResult is a job's state and the output read.
@@ -146,7 +148,7 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 		return JobResult{}, err
 	}
 	if s.idle() {
-		return JobResult{}, errcode.Errorf(errcode.NotFound, "no job %d in this sandbox: nothing has run in it yet; sandbox_exec starts jobs", id)
+		return JobResult{}, errcode.Errorf(errcode.NotFound, "no job %d in this sandbox: no command has run in its current container (jobs do not survive a restart); sandbox_exec starts jobs", id)
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
@@ -161,6 +163,7 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 	res, err := inst.conn.job(ctx, agentproto.JobRequest{
 		Job: id, Stdin: req.Stdin, CloseStdin: req.CloseStdin, Signal: req.Signal,
 		WaitMillis: req.Wait.Milliseconds(), StdoutOffset: req.StdoutOffset, StderrOffset: req.StderrOffset, Max: req.Max,
+		Peek: req.Peek,
 	})
 	return res, s.failed(inst, err)
 }

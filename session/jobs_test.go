@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
@@ -231,4 +233,28 @@ func TestShellIsTheImages(t *testing.T) {
 	if n2, p2, err := sb.Shell(context.Background()); n2 != name || p2 != path || err != nil {
 		t.Fatalf("asked again: %q %q %v", n2, p2, err)
 	}
+}
+
+// TestJobsDoNotOutliveTheirContainer: when a sandbox's container is lost,
+// the next call says its jobs ended with it, and the fresh container has
+// none: the old job is NOT_FOUND and the list is empty.
+func TestJobsDoNotOutliveTheirContainer(t *testing.T) {
+	m := testManager(t, nil)
+	sb := startedSandbox(t, m)
+	id := background(t, sb, "sleep 1000")
+	cid := sb.ContainerID()
+	if _, err := testenv.Engine(t).ContainerRemove(context.Background(), cid, client.ContainerRemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, testenv.Engine(t), cid)
+	_, err := sb.Jobs(context.Background())
+	if e := wantCode(t, err, errcode.Unavailable); !strings.Contains(e.Message, "jobs") {
+		t.Fatalf("the loss does not say the jobs ended: %s", e.Message)
+	}
+	jobs, err := sb.Jobs(context.Background())
+	if err != nil || len(jobs) != 0 {
+		t.Fatalf("a fresh container's jobs: %v %v", jobs, err)
+	}
+	_, err = sb.Job(context.Background(), JobRequest{Job: id, Max: 10})
+	wantCode(t, err, errcode.NotFound)
 }

@@ -87,7 +87,7 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 	if !s.m.opts.Policy.ReadOnly {
 		limit := idleSnapshotTimeout(s.m.opts.Policy)
 		ctx, cancel := context.WithTimeout(s.ctx, limit)
-		info, err := s.m.snaps.CreateWait(ctx, "auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, s.owner, func(w io.Writer) error {
+		info, err := s.snaps().CreateWait(ctx, "auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, func(w io.Writer) error {
 			_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
 			return err
 		})

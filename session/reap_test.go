@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // waitGoneWithin is waitGone with a deadline of the test's choosing.
@@ -102,13 +103,13 @@ func TestIdleReaperIsNotHeldUpByAStalledSandbox(t *testing.T) {
 func TestIdleSnapshotSurvivesAnotherCallersSnapshots(t *testing.T) {
 	m := testManager(t, func(o *Options) {
 		o.IdleTimeout = time.Second
-		o.Retention = Retention{MaxCount: 2}
+		o.Retention = snapshot.Retention{MaxCount: 2}
 	})
 	ctx := context.Background()
 	a, _ := m.Sandbox("a", "alice")
 	sh(t, a, "echo alice-work > f")
 	waitGone(t, testenv.Engine(t), a.ContainerID())
-	auto, ok := m.Snapshots().Latest(a.ID())
+	auto, ok := m.Snapshots().For("alice").Latest(a.ID())
 	if !ok || !strings.HasPrefix(auto.Label, "auto:") {
 		t.Fatalf("no idle snapshot of alice's sandbox: %+v", auto)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Defaults for Options' zero values.
@@ -53,7 +54,7 @@ type Options struct {
 	StateDir string
 	// Retention bounds the snapshots kept in StateDir. Its
 	// MaxSnapshotBytes is set from Policy (the workspace's stream limit).
-	Retention Retention
+	Retention snapshot.Retention
 	// Warm is the number of containers kept started ahead of need, so a
 	// new session's first call does not wait for one (0: none).
 	Warm int
@@ -85,6 +86,11 @@ type Options struct {
 	// MaxSandboxes caps the sandboxes alive at once; a new session's
 	// sandbox beyond it gets BUSY. 0 means no cap.
 	MaxSandboxes int
+	// SweepEvery runs the backend's sweep again at this interval while
+	// the server runs, not only at the start: where several servers share
+	// a cluster, the survivors remove what a server that died left, once
+	// its lease has run out. 0 means at the start only.
+	SweepEvery time.Duration
 
 	// With Policy.Network = allowlist, each sandbox gets its own internal
 	// network whose only way out is the egress proxy on its gateway. The
@@ -118,7 +124,7 @@ type Manager struct {
 	backend backend.Backend
 	docker  *engine.Docker // the backend, when it is Docker's
 	log     *slog.Logger
-	snaps   *SnapshotStore
+	snaps   *snapshot.Store
 	seed    *seed // nil without --workspace-from
 	pool    *pool
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
@@ -172,7 +178,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	opts.Retention.MaxSnapshotBytes = snapshotLimits(opts.Policy).MaxBytes
-	snaps, err := OpenSnapshotStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
+	snaps, err := snapshot.OpenStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +267,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.wg.Add(1)
 		go m.fillLoop()
 	}
+	if opts.SweepEvery > 0 {
+		m.wg.Add(1)
+		go m.sweepLoop(opts.SweepEvery)
+	}
 	m.log.Info("ready", "image", opts.Image, "runtime_image", m.RuntimeImage())
 	return m, nil
 }
@@ -277,8 +287,9 @@ func (m *Manager) RuntimeImage() string {
 	return m.docker.RuntimeImage()
 }
 
-// Snapshots returns the snapshot store.
-func (m *Manager) Snapshots() *SnapshotStore { return m.snaps }
+// Snapshots returns the snapshot store; a caller's snapshots are its view
+// Snapshots().For(caller).
+func (m *Manager) Snapshots() *snapshot.Store { return m.snaps }
 
 // Sandbox returns the sandbox for key, making a record for it on first use.
 // The container starts at the sandbox's first call. owner is the caller the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Sandbox is one MCP session's sandbox: a record that outlives any one
@@ -113,7 +115,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 			return nil, err
 		}
 		s.cur = inst
-		if _, err := s.restoreInto(ctx, inst, id); err != nil {
+		if _, _, err := s.restoreInto(ctx, inst, id); err != nil {
 			s.m.log.Warn("restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
 			return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
 		}
@@ -134,7 +136,7 @@ func (s *Sandbox) planRecovery() {
 	if s.m.opts.Policy.ReadOnly {
 		return // the workspace never changed: a fresh one is the same
 	}
-	if latest, ok := s.m.snaps.Latest(s.id); ok {
+	if latest, ok := s.snaps().Latest(s.id); ok {
 		s.restoreFrom = latest.ID
 	}
 }
@@ -162,7 +164,7 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		}
 		next := "the next call starts a fresh, empty sandbox"
 		if !s.m.opts.Policy.ReadOnly {
-			if latest, ok := s.m.snaps.Latest(s.id); ok {
+			if latest, ok := s.snaps().Latest(s.id); ok {
 				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", latest.ID)
 			}
 		}
@@ -195,6 +197,9 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 		return ExecResult{}, err
 	}
 	req.job = s.jobOpts()
+	if req.OnStart != nil {
+		req.OnStart(strconv.FormatUint(req.job.id, 10))
+	}
 	res, err := inst.conn.exec(ctx, req)
 	return res, s.failed(inst, err)
 }
@@ -296,15 +301,18 @@ func (s *Sandbox) List(ctx context.Context, path string, recursive bool, maxEntr
 	return entries, truncated, s.failed(inst, err)
 }
 
+// snaps is the sandbox owner's view of the snapshot store.
+func (s *Sandbox) snaps() *snapshot.View { return s.m.snaps.For(s.owner) }
+
 // Snapshot archives the workspace into the server's snapshot store.
-func (s *Sandbox) Snapshot(ctx context.Context, label string) (SnapshotInfo, error) {
+func (s *Sandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, error) {
 	ctx, end := s.begin(ctx)
 	defer end()
 	inst, err := s.ready(ctx)
 	if err != nil {
-		return SnapshotInfo{}, err
+		return snapshot.Info{}, err
 	}
-	info, err := s.m.snaps.Create(label, s.id, s.owner, func(w io.Writer) error {
+	info, err := s.snaps().Create(label, s.id, func(w io.Writer) error {
 		_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
 		return err
 	})
@@ -317,40 +325,36 @@ type RestoreResult = agentproto.RestoreResult
 // Restore replaces the workspace with a snapshot: one of this sandbox's, or
 // (a fork) one another sandbox of the same owner made. Another owner's
 // snapshot is not found.
-func (s *Sandbox) Restore(ctx context.Context, id string) (SnapshotInfo, RestoreResult, error) {
+func (s *Sandbox) Restore(ctx context.Context, id string) (snapshot.Info, RestoreResult, error) {
 	if d := s.m.opts.Policy.CanWrite(); !d.Allow {
-		return SnapshotInfo{}, RestoreResult{}, d.Err()
+		return snapshot.Info{}, RestoreResult{}, d.Err()
 	}
 	ctx, end := s.begin(ctx)
 	defer end()
 	inst, err := s.ready(ctx)
 	if err != nil {
-		return SnapshotInfo{}, RestoreResult{}, err
+		return snapshot.Info{}, RestoreResult{}, err
 	}
-	info, err := s.restoreInto(ctx, inst, id)
+	info, res, err := s.restoreInto(ctx, inst, id)
 	if err != nil {
 		return info, RestoreResult{}, s.failed(inst, err)
 	}
-	return info, info.restored, nil
+	return info, res, nil
 }
 
-// restoreInto streams a stored snapshot into an instance's workspace.
-func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (SnapshotInfo, error) {
-	info, f, err := s.m.snaps.Open(id)
-	if err == nil && info.Owner != s.owner {
-		f.Close()
-		err = ErrSnapshotNotFound
-	}
-	if errors.Is(err, ErrSnapshotNotFound) {
-		return info, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
+// restoreInto streams one of the owner's snapshots into an instance's
+// workspace.
+func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (snapshot.Info, RestoreResult, error) {
+	info, f, err := s.snaps().Open(id)
+	if errors.Is(err, snapshot.ErrNotFound) {
+		return info, RestoreResult{}, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
 	}
 	if err != nil {
-		return info, err
+		return info, RestoreResult{}, err
 	}
 	defer f.Close()
 	res, err := inst.conn.restore(ctx, f, snapshotLimits(s.m.opts.Policy))
-	info.restored = res
-	return info, err
+	return info, res, err
 }
 
 // close removes the sandbox's container and ends its calls. It runs once;

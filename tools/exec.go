@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -203,11 +205,25 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		Timeout: timeout, MaxOutput: p.MaxOutputBytes, Background: in.Background, Label: label,
 	}
 	var prog *progress
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	var following sync.WaitGroup
 	if tok := c.req.Params.GetProgressToken(); tok != nil && !in.Background {
 		prog = newProgress(ctx, c.req.Session, tok)
 		req.OnOutput = prog.output
+		// Past the live output (the result's cap per stream), progress
+		// follows the job's kept output.
+		var job atomic.Pointer[string]
+		req.OnStart = func(id string) { job.Store(&id) }
+		prog.limit = p.MaxOutputBytes
+		prog.onCapped = func(stream int) {
+			if id := job.Load(); id != nil {
+				following.Go(func() { followJob(followCtx, sb.Job, *id, stream, p.MaxOutputBytes, prog) })
+			}
+		}
 	}
 	res, err := sb.Exec(ctx, req)
+	stopFollowing()
+	following.Wait()
 	if prog != nil {
 		prog.done() // every notification goes before the result
 	}

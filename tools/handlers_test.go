@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,13 +18,14 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // fakeSandboxes is a registry of one fake sandbox that records every call
 // made on it or on the sandbox, in order, and answers with what a test set.
 type fakeSandboxes struct {
 	sb    *fakeSandbox
-	snaps *session.SnapshotStore
+	snaps *snapshot.Store
 
 	mu    sync.Mutex
 	calls []string
@@ -57,7 +59,7 @@ func (f *fakeSandboxes) Release(key string) { f.record("Release") }
 
 func (f *fakeSandboxes) ReleaseSoon(key string) bool { f.record("ReleaseSoon"); return true }
 
-func (f *fakeSandboxes) Snapshots() *session.SnapshotStore { f.record("Snapshots"); return f.snaps }
+func (f *fakeSandboxes) Snapshots() *snapshot.Store { f.record("Snapshots"); return f.snaps }
 
 // fakeSandbox answers with the results a test set, and records each call
 // with the arguments the handler passed.
@@ -144,14 +146,14 @@ func (s *fakeSandbox) List(ctx context.Context, path string, recursive bool, max
 	return s.entries, false, nil
 }
 
-func (s *fakeSandbox) Snapshot(ctx context.Context, label string) (session.SnapshotInfo, error) {
+func (s *fakeSandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, error) {
 	s.f.record("Snapshot %q", label)
-	return session.SnapshotInfo{}, errcode.Errorf(errcode.Unavailable, "the fake makes no snapshots")
+	return snapshot.Info{}, errcode.Errorf(errcode.Unavailable, "the fake makes no snapshots")
 }
 
-func (s *fakeSandbox) Restore(ctx context.Context, id string) (session.SnapshotInfo, session.RestoreResult, error) {
+func (s *fakeSandbox) Restore(ctx context.Context, id string) (snapshot.Info, session.RestoreResult, error) {
 	s.f.record("Restore %s", id)
-	return session.SnapshotInfo{}, session.RestoreResult{}, errcode.Errorf(errcode.Unavailable, "the fake restores nothing")
+	return snapshot.Info{}, session.RestoreResult{}, errcode.Errorf(errcode.Unavailable, "the fake restores nothing")
 }
 
 // fakeRig is the tools served over the go-sdk's in-memory transports, on a
@@ -170,7 +172,7 @@ func newFakeRig(t *testing.T, edit func(*policy.Policy)) *fakeRig {
 	if edit != nil {
 		edit(&p)
 	}
-	snaps, err := session.OpenSnapshotStore(t.TempDir(), session.Retention{})
+	snaps, err := snapshot.OpenStore(t.TempDir(), snapshot.Retention{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,5 +481,40 @@ func TestFileOpsAskWithWorkspacePaths(t *testing.T) {
 	}
 	if calls := r.f.made(); !slices.Equal(calls, want) {
 		t.Errorf("calls\n%q\nwant\n%q", calls, want)
+	}
+}
+
+// TestSnapshotDeleteWorksInNoSandbox: deleting a snapshot resolves and
+// makes no sandbox, deletes the caller's own snapshot, and answers another
+// caller's as it answers an id never made.
+func TestSnapshotDeleteWorksInNoSandbox(t *testing.T) {
+	r := newFakeRig(t, nil)
+	fill := func(w io.Writer) error { _, err := w.Write(make([]byte, 1024)); return err }
+	mine, err := r.f.snaps.For("").Create("mine", "sb-1", fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := r.f.snaps.For("someone else").Create("theirs", "sb-2", fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := r.call(NameDeleteSnapshot, map[string]any{"id": theirs.ID})
+	if got := text(res); !res.IsError || !strings.HasPrefix(got, "NOT_FOUND: no snapshot") {
+		t.Errorf("another caller's snapshot: isError %v, text %q", res.IsError, got)
+	}
+	if _, err := r.f.snaps.Get(theirs.ID); err != nil {
+		t.Errorf("another caller's snapshot is gone: %v", err)
+	}
+	if res := r.call(NameDeleteSnapshot, map[string]any{"id": mine.ID}); res.IsError {
+		t.Fatalf("own snapshot: %s", text(res))
+	}
+	if _, err := r.f.snaps.Get(mine.ID); !errors.Is(err, snapshot.ErrNotFound) {
+		t.Errorf("own snapshot still there: %v", err)
+	}
+	if calls := r.f.made(); slices.ContainsFunc(calls, func(c string) bool { return c != "Snapshots" }) {
+		t.Errorf("deleting a snapshot asked the sandboxes for %q, want the snapshot store only", calls)
+	}
+	if res := r.call(NameDeleteSnapshot, map[string]any{"id": mine.ID, "sandbox": "sb-1"}); !res.IsError || !strings.HasPrefix(text(res), "INVALID_ARGUMENT") {
+		t.Errorf("a sandbox argument: isError %v, text %q", res.IsError, text(res))
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -96,6 +98,13 @@ type progress struct {
 	// notify sends one notification: the bytes sent so far in all, and the
 	// message.
 	notify func(sent float64, msg string)
+	// limit is the live output the agent sends per stream (0: no limit);
+	// onCapped, if set, runs once for a stream whose live output reached it,
+	// so that what follows can be fetched another way (followJob).
+	limit    int64
+	onCapped func(stream int)
+	live     [2]int64
+	capped   [2]bool
 
 	sendMu sync.Mutex // orders notifications
 	mu     sync.Mutex
@@ -128,6 +137,64 @@ func (p *progress) output(stream string, chunk []byte) {
 	p.bufs[i] = append(p.bufs[i], chunk...)
 	if p.timer == nil {
 		p.timer = time.AfterFunc(progressEvery, p.flush)
+	}
+	p.live[i] += int64(len(chunk))
+	if p.limit > 0 && p.live[i] >= p.limit && !p.capped[i] && p.onCapped != nil {
+		p.capped[i] = true
+		p.onCapped(i) // starts a goroutine; called on the exec's own goroutine, before the exec returns
+	}
+}
+
+// more takes output of stream i that did not come live (see followJob).
+func (p *progress) more(i int, b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(b) == 0 {
+		return
+	}
+	p.bufs[i] = append(p.bufs[i], b...)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(progressEvery, p.flush)
+	}
+}
+
+// followChunk bounds one read of a stream past its live output: progress
+// carries at most this much of it per progressEvery.
+const followChunk = 8 << 10
+
+// followJob sends a stream's output past what the agent streams live as
+// progress, reading it from the job every progressEvery (at most
+// followChunk each time, the latest when the command writes faster, with a
+// line saying what was skipped) until ctx ends. The reads peek: the
+// model's next sandbox_job read is not moved by them.
+func followJob(ctx context.Context, read func(context.Context, session.JobRequest) (session.JobResult, error), job string, stream int, from int64, p *progress) {
+	t := time.NewTicker(progressEvery)
+	defer t.Stop()
+	next := from
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		off := [2]int64{1 << 62, 1 << 62}
+		off[stream] = next
+		r, err := read(ctx, session.JobRequest{Job: job, StdoutOffset: off[0], StderrOffset: off[1], Max: followChunk, Peek: true})
+		if err != nil {
+			continue // not started yet, or ending: the result says the rest
+		}
+		total := [2]int64{r.Status.StdoutBytes, r.Status.StderrBytes}[stream]
+		if r.From[stream] > next {
+			p.more(stream, fmt.Appendf(nil, "\n[... %d bytes no longer kept ...]\n", r.From[stream]-next))
+		}
+		p.more(stream, r.Out[stream])
+		next = r.From[stream] + int64(len(r.Out[stream]))
+		if behind := total - next; behind > 2*followChunk {
+			// The command writes faster than progress carries: jump to
+			// its latest output.
+			p.more(stream, fmt.Appendf(nil, "\n[... %d bytes skipped; the result and sandbox_job have them ...]\n", behind-followChunk))
+			next = total - followChunk
+		}
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Resource addresses.
@@ -98,11 +98,8 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if !ok {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		info, f, err := d.Sessions.snapshots().Open(id)
-		if errors.Is(err, session.ErrSnapshotNotFound) || (err == nil && info.Owner != owner) {
-			if f != nil {
-				f.Close()
-			}
+		info, f, err := d.Sessions.snapshotsOf(owner).Open(id)
+		if errors.Is(err, snapshot.ErrNotFound) {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
 		if err != nil {
@@ -115,9 +112,9 @@ func registerResources(s *mcp.Server, d *Deps) {
 		}
 		size := st.Size()
 		record := struct {
-			session.SnapshotInfo
+			snapshot.Info
 			Hint string `json:"hint,omitempty"`
-		}{SnapshotInfo: info}
+		}{Info: info}
 		if size > d.Policy.MaxFileBytes {
 			record.Hint = fmt.Sprintf("The tar archive (%d bytes) was left out: it is larger than this server's file cap (--max-file-bytes %d). "+
 				"Restore it into a sandbox with sandbox_restore and read the files you need there, or ask the operator to run `sandbox-mcp snapshot export %s DIR` on the server.",
@@ -178,14 +175,11 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 		if d.Sessions.OwnerOf != nil {
 			owner = d.Sessions.OwnerOf(req.GetExtra())
 		}
-		all, err := d.Sessions.snapshots().List()
+		mine, err := d.Sessions.snapshotsOf(owner).List()
 		if err != nil {
 			return nil, err
 		}
-		for _, in := range all {
-			if in.Owner != owner {
-				continue
-			}
+		for _, in := range mine {
 			title := in.Label
 			if title == "" {
 				title = "snapshot of " + in.Sandbox

@@ -8,7 +8,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // NameRestore is the name of the tool that restores a snapshot.
@@ -52,7 +52,7 @@ func (d *Deps) checkRestore(in RestoreIn) (RestoreIn, error) {
 	if dec := d.Policy.CanWrite(); !dec.Allow {
 		return in, dec.Err()
 	}
-	if !session.ValidSnapshotID(in.ID) {
+	if !snapshot.ValidID(in.ID) {
 		return in, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
 	}
 	return in, nil

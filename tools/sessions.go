@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Sandbox is what a tool calls on a sandbox, and all it calls: the
@@ -32,8 +33,8 @@ type Sandbox interface {
 	Delete(ctx context.Context, path string, recursive bool) (session.DeleteResult, error)
 	Move(ctx context.Context, from, to string, overwrite bool) (session.MoveResult, error)
 	List(ctx context.Context, path string, recursive bool, maxEntries int) ([]session.Entry, bool, error)
-	Snapshot(ctx context.Context, label string) (session.SnapshotInfo, error)
-	Restore(ctx context.Context, id string) (session.SnapshotInfo, session.RestoreResult, error)
+	Snapshot(ctx context.Context, label string) (snapshot.Info, error)
+	Restore(ctx context.Context, id string) (snapshot.Info, session.RestoreResult, error)
 }
 
 var _ Sandbox = (*session.Sandbox)(nil)
@@ -52,8 +53,9 @@ type Sandboxes interface {
 	// ReleaseSoon starts the removal of key's sandbox and reports
 	// whether there was one.
 	ReleaseSoon(key string) bool
-	// Snapshots returns the snapshot store.
-	Snapshots() *session.SnapshotStore
+	// Snapshots returns the snapshot store; the tools see a caller's
+	// snapshots only, through its view (Snapshots().For).
+	Snapshots() *snapshot.Store
 }
 
 // ManagerSandboxes returns m as the tools' Sandboxes.
@@ -100,8 +102,9 @@ func SessionsOver(sbs Sandboxes) *Sessions {
 	return &Sessions{m: sbs, keys: make(map[*mcp.ServerSession]string), owners: make(map[string]string)}
 }
 
-// snapshots returns the snapshot store.
-func (s *Sessions) snapshots() *session.SnapshotStore { return s.m.Snapshots() }
+// snapshotsOf returns owner's view of the snapshot store: another caller's
+// snapshots do not exist in it.
+func (s *Sessions) snapshotsOf(owner string) *snapshot.View { return s.m.Snapshots().For(owner) }
 
 // Owner names the caller of a tool call.
 func (s *Sessions) Owner(req *mcp.CallToolRequest) string {

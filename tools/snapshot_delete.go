@@ -7,22 +7,21 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // NameDeleteSnapshot is the name of the tool that deletes a snapshot.
 const NameDeleteSnapshot = "sandbox_snapshot_delete"
 
-// DeleteSnapshotIn is sandbox_snapshot_delete's input.
+// DeleteSnapshotIn is sandbox_snapshot_delete's input. Snapshots belong to
+// the caller, not to one sandbox: the tool works in none and takes none.
 type DeleteSnapshotIn struct {
-	ID      string `json:"id" jsonschema:"The snapshot to delete."`
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"Unused by this tool beyond reporting; snapshots belong to you, not to one sandbox."`
+	ID string `json:"id" jsonschema:"The snapshot to delete."`
 }
 
 // DeleteSnapshotOut is sandbox_snapshot_delete's output.
 type DeleteSnapshotOut struct {
-	Sandbox string `json:"sandbox" jsonschema:"This session's sandbox."`
-	ID      string `json:"id" jsonschema:"The snapshot deleted."`
+	ID string `json:"id" jsonschema:"The snapshot deleted."`
 }
 
 func deleteSnapshotDef() *mcp.Tool {
@@ -41,19 +40,18 @@ func deleteSnapshotDef() *mcp.Tool {
 	}
 }
 
-func (in DeleteSnapshotIn) target() string { return in.Sandbox }
+func (in DeleteSnapshotIn) target() string { return "" }
+func (DeleteSnapshotIn) inNoSandbox()      {}
 
-func (d *Deps) deleteSnapshot(ctx context.Context, c *call, sb Sandbox, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
-	out := DeleteSnapshotOut{Sandbox: sb.ID()}
-	store := d.Sessions.snapshots()
-	info, err := store.Get(in.ID)
-	if errors.Is(err, session.ErrSnapshotNotFound) || (err == nil && info.Owner != sb.Owner()) {
+// deleteSnapshot deletes one of the caller's snapshots. It works in no
+// sandbox: sb is nil.
+func (d *Deps) deleteSnapshot(ctx context.Context, c *call, _ Sandbox, in DeleteSnapshotIn) (*mcp.CallToolResult, DeleteSnapshotOut, error) {
+	var out DeleteSnapshotOut
+	err := d.Sessions.snapshotsOf(d.Sessions.Owner(c.req)).Delete(in.ID)
+	if errors.Is(err, snapshot.ErrNotFound) {
 		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)
 	}
 	if err != nil {
-		return nil, out, err
-	}
-	if err := store.Delete(in.ID); err != nil && !errors.Is(err, session.ErrSnapshotNotFound) {
 		return nil, out, err
 	}
 	out.ID = in.ID

@@ -117,7 +117,9 @@ func TestToolsAsData(t *testing.T) {
 				t.Errorf("%s: want destructive and idempotent, got %+v", tool.Name, a)
 			}
 		}
-		// Every tool takes the optional sandbox handle and reports it.
+		// Every tool that works in a sandbox takes the optional sandbox
+		// handle and reports it; deleting a snapshot works on the caller's
+		// snapshots, in no sandbox, and takes none.
 		in, _ := json.Marshal(tool.InputSchema)
 		out, _ := json.Marshal(tool.OutputSchema)
 		var inS, outS struct {
@@ -126,6 +128,15 @@ func TestToolsAsData(t *testing.T) {
 		}
 		json.Unmarshal(in, &inS)
 		json.Unmarshal(out, &outS)
+		if tool.Name == NameDeleteSnapshot {
+			if _, ok := inS.Properties["sandbox"]; ok {
+				t.Errorf("%s: takes a sandbox it does not use", tool.Name)
+			}
+			if _, ok := outS.Properties["sandbox"]; ok {
+				t.Errorf("%s: reports a sandbox it did not work in", tool.Name)
+			}
+			continue
+		}
 		if _, ok := inS.Properties["sandbox"]; !ok || slices.Contains(inS.Required, "sandbox") {
 			t.Errorf("%s: sandbox must be an optional input", tool.Name)
 		}

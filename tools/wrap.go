@@ -72,7 +72,9 @@ const CodeRequestCancelled = -32800
 //     (a path made relative to the workspace, a timeout, a mode...). It
 //     touches no sandbox: a refused call makes none.
 //  2. The wrapper resolves the sandbox the call runs in: the session's own,
-//     or the one named in its sandbox argument (In.target).
+//     or the one named in its sandbox argument (In.target). A tool that
+//     works in no sandbox (deleting a snapshot) marks its input with an
+//     inNoSandbox method: none is resolved, none is made, and run gets nil.
 //  3. run reserves the memory the call holds, asks policy what only the
 //     sandbox can tell (which program an allowlisted name resolves to),
 //     calls the sandbox and renders: it returns the output and, when
@@ -128,9 +130,11 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		if err != nil {
 			return nil, none, err
 		}
-		sb, err := d.Sessions.sandbox(c, in.target())
-		if err != nil {
-			return nil, none, err
+		var sb Sandbox
+		if _, sandboxless := any(in).(interface{ inNoSandbox() }); !sandboxless {
+			if sb, err = d.Sessions.sandbox(c, in.target()); err != nil {
+				return nil, none, err
+			}
 		}
 		return run(ctx, c, sb, req)
 	}

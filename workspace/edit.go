@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 
@@ -256,8 +257,10 @@ func matchLines(data, old []byte) string {
 
 // nearMiss is the hint of an edit whose old text does not occur: the place
 // where it does occur if whitespace is ignored (indentation, tabs against
-// spaces, line ends), or where its first line does, or how to find the
-// right text.
+// spaces, spaces around punctuation, line ends), or where its first line
+// does, or how to find the right text. Its lines are matched as the file's
+// lines with every whitespace character removed: the first may end a file
+// line, the last may start one, the others must match whole.
 func nearMiss(data, old []byte) string {
 	const fallback = "Read the file again (sandbox_read_file with start_line and end_line) and copy the text exactly, whitespace included."
 	oldLines := splitLines(string(old))
@@ -271,35 +274,44 @@ func nearMiss(data, old []byte) string {
 		return "old_string holds only whitespace, which is not in the file as given. " + fallback
 	}
 	lines := splitLines(string(data))
+	flat := make([]string, len(lines))
+	for i, l := range lines {
+		flat[i] = squash(l)
+	}
 	want := make([]string, len(oldLines))
 	for i, l := range oldLines {
 		want[i] = squash(l)
 	}
+	k := len(want)
+	matches := func(i int) bool {
+		if k == 1 {
+			return strings.Contains(flat[i], want[0])
+		}
+		if i+k > len(flat) || !strings.HasSuffix(flat[i], want[0]) || !strings.HasPrefix(flat[i+k-1], want[k-1]) {
+			return false
+		}
+		for j := 1; j < k-1; j++ {
+			if flat[i+j] != want[j] {
+				return false
+			}
+		}
+		return true
+	}
 	firstAt := -1
-	for i := range lines {
-		if squash(lines[i]) != want[0] {
-			continue
-		}
-		if firstAt < 0 {
-			firstAt = i
-		}
-		if i+len(want) > len(lines) {
-			continue
-		}
-		all := true
-		for k := 1; k < len(want) && all; k++ {
-			all = squash(lines[i+k]) == want[k]
-		}
-		if all {
+	for i := range flat {
+		if matches(i) {
 			where := fmt.Sprintf("line %d", i+1)
-			if len(want) > 1 {
-				where = fmt.Sprintf("lines %d-%d", i+1, i+len(want))
+			if k > 1 {
+				where = fmt.Sprintf("lines %d-%d", i+1, i+k)
 			}
 			return fmt.Sprintf("The nearest match is %s, which differs only in whitespace (indentation, tabs, spaces or line ends); line %d is exactly %s. Copy the text exactly as the file has it.",
 				where, i+1, qname(lines[i]))
 		}
+		if firstAt < 0 && k > 1 && strings.HasSuffix(flat[i], want[0]) {
+			firstAt = i
+		}
 	}
-	if firstAt >= 0 && len(want) > 1 {
+	if firstAt >= 0 {
 		return fmt.Sprintf("Its first line matches line %d (%s) apart from whitespace, but the lines after it differ. %s",
 			firstAt+1, qname(lines[firstAt]), fallback)
 	}
@@ -309,5 +321,12 @@ func nearMiss(data, old []byte) string {
 // splitLines splits s at "\n", keeping a "\r" before it.
 func splitLines(s string) []string { return strings.Split(s, "\n") }
 
-// squash is s with its runs of whitespace made one space, trimmed.
-func squash(s string) string { return strings.Join(strings.Fields(s), " ") }
+// squash is s without its whitespace.
+func squash(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) {
+			return -1
+		}
+		return r
+	}, s)
+}

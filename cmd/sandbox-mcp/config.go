@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // Snapshot retention defaults: enough to keep a working history without
@@ -66,7 +67,7 @@ type Config struct {
 	// WorkspaceFrom is a host directory each new workspace starts from.
 	WorkspaceFrom string
 	// Retention bounds the snapshots kept in the state directory.
-	Retention session.Retention
+	Retention snapshot.Retention
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 	// HTTP configures the streamable HTTP transport (--http and friends).
@@ -151,7 +152,7 @@ func defaultConfig(getenv func(string) string) Config {
 		StateDir:    defaultStateDir(getenv),
 		IdleTimeout: 15 * time.Minute,
 		NetworkPool: engine.DefaultNetworkPool,
-		Retention:   session.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
+		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
 		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},
 		Kube:        KubeConfig{Backend: BackendDocker},
@@ -659,7 +660,7 @@ func ParseBytes(s string) (int64, error) {
 // SnapshotRetention is the retention the server applies: a per-caller cap
 // left at 0 is a quarter of the total over --http, where callers share the
 // state directory, and the total itself over stdio, which has one caller.
-func (c Config) SnapshotRetention() session.Retention {
+func (c Config) SnapshotRetention() snapshot.Retention {
 	r := c.Retention
 	share := func(total int64) int64 {
 		if c.HTTP.Addr == "" || total == 0 {

@@ -319,6 +319,15 @@ func TestHTTPAuth(t *testing.T) {
 		}
 	}
 
+	// A session this process does not hold (its replica is gone, or the
+	// server restarted) is a 404, so clients start a new session, with a
+	// body that says why and what to do.
+	if r := s.do(http.MethodPost, "", with(bearerHeader(tokenA), "Mcp-Session-Id", "SESSIONOFAREPLICATHATDIED"), `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`); r.status != http.StatusNotFound ||
+		!strings.Contains(r.body, "UNAVAILABLE: this server does not hold that MCP session") || !strings.Contains(r.body, "initialize again") ||
+		!strings.Contains(r.body, `"id":3`) {
+		t.Errorf("unknown session: status %d, want 404 answering request 3 with UNAVAILABLE and to initialize again: %s", r.status, r.body)
+	}
+
 	// #13: DELETE ends a session; its id is dead afterwards.
 	if r := s.do(http.MethodDelete, "", with(bearerHeader(tokenA), "Mcp-Session-Id", id), ""); r.status != http.StatusNoContent {
 		t.Fatalf("DELETE: %d %s", r.status, r.body)
@@ -536,6 +545,21 @@ func TestHTTPCallers(t *testing.T) {
 	if _, err := b.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Fatalf("another caller read the snapshot: %v", err)
 	}
+	// Nor restore, delete or list it: to another caller it does not exist.
+	b.fails("sandbox_restore", map[string]any{"id": snap["id"]}, "NOT_FOUND")
+	b.fails("sandbox_snapshot_delete", map[string]any{"id": snap["id"]}, "NOT_FOUND")
+	lr, err := b.cs.ListResources(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range lr.Resources {
+		if r.URI == uri {
+			t.Fatal("another caller lists the snapshot")
+		}
+	}
+	if _, err := a2.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err != nil {
+		t.Fatalf("another caller's delete removed the snapshot: %v", err)
+	}
 
 	// HTTP case 11: a session id with another caller's token is refused, and
 	// a DELETE by another caller leaves the session and its sandbox alone.
@@ -588,8 +612,8 @@ func TestHTTPCallers(t *testing.T) {
 			recs = append(recs, m)
 		}
 	}
-	if len(recs) != 12 {
-		t.Errorf("%d audit records for 12 tool calls:\n%s", len(recs), raw)
+	if len(recs) != 14 {
+		t.Errorf("%d audit records for 14 tool calls:\n%s", len(recs), raw)
 	}
 	find := func(pred func(map[string]any) bool) map[string]any {
 		for _, m := range recs {

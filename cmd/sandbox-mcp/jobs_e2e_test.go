@@ -243,3 +243,41 @@ func TestHTTPJobs(t *testing.T) {
 		t.Fatalf("a new session lists jobs: %v", jobs)
 	}
 }
+
+// TestStdioProgressGoesOnPastTheCap: output written after a stream passed
+// the result's cap still reaches the client as progress while the command
+// runs: the command prints 100 KB, then a marker, then waits for a file the
+// test writes only once the marker came as progress.
+func TestStdioProgressGoesOnPastTheCap(t *testing.T) {
+	var mu sync.Mutex
+	var all strings.Builder
+	seen := make(chan struct{})
+	var once sync.Once
+	s := startServer(t, serverOpts{progress: func(r *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		defer mu.Unlock()
+		all.WriteString(r.Params.Message)
+		if strings.Contains(all.String(), "after-the-cap") {
+			once.Do(func() { close(seen) })
+		}
+	}})
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
+	go func() {
+		<-seen
+		s.ok("sandbox_write_file", map[string]any{"path": "go", "content": ""})
+	}()
+	res, err := s.cs.CallTool(context.Background(), &mcp.CallToolParams{
+		Name: "sandbox_exec",
+		Arguments: map[string]any{"command": "seq 1 20000; echo after-the-cap; while [ ! -e go ]; do sleep 0.05; done; echo end",
+			"timeout_ms": 30000},
+		Meta: mcp.Meta{"progressToken": "p2"},
+	})
+	if err != nil || res.IsError {
+		t.Fatalf("%v %v", err, text(res))
+	}
+	// The sandbox_job read that follows is not moved by progress's reads.
+	sc := res.StructuredContent.(map[string]any)
+	if r := s.ok("sandbox_job", map[string]any{"job": sc["job"]}); r["stdout"] != "" {
+		t.Fatalf("a read after the exec returns %q", r["stdout"])
+	}
+}

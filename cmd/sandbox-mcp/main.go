@@ -241,6 +241,9 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 	}
 	if kb != nil {
 		opts.Backend = kb
+		// Replicas share the namespace: each sweeps again once a lease
+		// term, so a dead replica's pods go within two lease terms.
+		opts.SweepEvery = kube.DefaultLeaseDuration
 	} else {
 		opts.Client = cli
 	}

@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 func TestSnapshotRetentionConfig(t *testing.T) {
@@ -11,18 +11,18 @@ func TestSnapshotRetentionConfig(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		args []string
-		want session.Retention
+		want snapshot.Retention
 	}{
 		{"stdio: one caller may use it all", nil,
-			session.Retention{MaxCount: 100, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 100, PerCallerBytes: 10 << 30}},
+			snapshot.Retention{MaxCount: 100, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 100, PerCallerBytes: 10 << 30}},
 		{"http: a quarter each by default", []string{"--http", "127.0.0.1:0"},
-			session.Retention{MaxCount: 100, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 25, PerCallerBytes: 10 << 28}},
+			snapshot.Retention{MaxCount: 100, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 25, PerCallerBytes: 10 << 28}},
 		{"http: set per caller", []string{"--http", "127.0.0.1:0", "--snapshot-max-count-per-caller", "7", "--snapshot-max-bytes-per-caller", "1GiB"},
-			session.Retention{MaxCount: 100, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 7, PerCallerBytes: 1 << 30}},
+			snapshot.Retention{MaxCount: 100, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 7, PerCallerBytes: 1 << 30}},
 		{"http: no total limit, none per caller", []string{"--http", "127.0.0.1:0", "--snapshot-max-count", "0", "--snapshot-max-bytes", "0"},
-			session.Retention{MaxAge: DefaultSnapshotMaxAge}},
+			snapshot.Retention{MaxAge: DefaultSnapshotMaxAge}},
 		{"http: a small total still gives each caller one", []string{"--http", "127.0.0.1:0", "--snapshot-max-count", "2"},
-			session.Retention{MaxCount: 2, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 1, PerCallerBytes: 10 << 28}},
+			snapshot.Retention{MaxCount: 2, MaxBytes: 10 << 30, MaxAge: DefaultSnapshotMaxAge, PerCallerCount: 1, PerCallerBytes: 10 << 28}},
 	} {
 		cfg, err := ParseConfig(c.args, env)
 		if err != nil {

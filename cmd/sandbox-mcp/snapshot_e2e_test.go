@@ -16,8 +16,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 func listedSnapshots(t *testing.T, s *server) map[string]*mcp.Resource {
@@ -134,7 +134,7 @@ func TestSnapshotExport(t *testing.T) {
 	// A hostile archive in the store (a tampered state directory, or an
 	// archive forged by a sandbox): export refuses it, even with
 	// --symlinks=keep, which writes symlinks as archived.
-	st, err := session.OpenSnapshotStore(filepath.Join(state, "snapshots"), session.Retention{})
+	st, err := snapshot.OpenStore(filepath.Join(state, "snapshots"), snapshot.Retention{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestSnapshotExport(t *testing.T) {
 			}
 		}
 		tw.Close()
-		info, err := st.Create(name, "sb-x", "", func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
+		info, err := st.For("").Create(name, "sb-x", func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 		if err != nil {
 			t.Fatal(err)
 		}

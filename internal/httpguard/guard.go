@@ -120,6 +120,7 @@ type Guard struct {
 	idle    time.Duration // --idle-timeout, for messages
 
 	sessions Sessions
+	server   *mcp.Server // its sessions are the ones this process holds
 	quota    *sessionQuota
 	posts    *posts       // the POSTs being served, whose calls end with them
 	mcp      http.Handler // the SDK's streamable handler
@@ -141,6 +142,7 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 		maxBody:  o.MaxRequestBytes,
 		idle:     o.IdleTimeout,
 		sessions: sessions,
+		server:   server,
 		quota:    newSessionQuota(server, o.MaxSessions, o.SessionsPerCaller),
 		posts:    newPosts(),
 		log:      log,
@@ -279,6 +281,18 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if g.sessions.End(id, caller) {
 			g.log.Info("session deleted: its sandbox was removed", "session", id)
 		}
+	case (r.Method == http.MethodPost || r.Method == http.MethodGet) && id != "" && !g.holds(id):
+		// A session this process does not hold: made by a server
+		// (replica) that is gone or restarted, or by another replica
+		// the request was routed away from. 404 makes clients start a
+		// new session (the MCP rule for an ended session); the body
+		// answers the call with what happened and what survives.
+		g.refuseCall(w, r, http.StatusNotFound, "UNAVAILABLE: this server does not hold that MCP session: "+
+			"the server or replica that made it has restarted or is gone, and the session's sandbox with it "+
+			"(or a load balancer sent the request to another replica: route each session to one replica). "+
+			"Start a new session (initialize again); snapshots you made are kept, and sandbox_restore brings one back",
+			requestID(r, g.maxBody))
+		return
 	case r.Method == http.MethodPost && id == "":
 		// The one request from which the SDK makes a session (it looks
 		// the header up the same way), whatever its body holds.
@@ -329,16 +343,25 @@ func (g *Guard) originAllowed(values []string, host string) bool {
 // (no id: the request was not read) that says what to do, and logs it
 // without any header value but the remote address.
 func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	g.refuseCall(w, r, status, msg, nil)
+}
+
+// refuseCall is refuse answering the JSON-RPC request with this id (nil:
+// null), so that a client matches the error to its call and shows it.
+func (g *Guard) refuseCall(w http.ResponseWriter, r *http.Request, status int, msg string, id json.RawMessage) {
 	g.log.Info("http request refused", "status", status, "method", r.Method, "remote", r.RemoteAddr, "reason", msg)
 	type rpcError struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}
+	if id == nil {
+		id = json.RawMessage("null")
+	}
 	body, err := json.Marshal(struct {
-		JSONRPC string   `json:"jsonrpc"`
-		ID      *int     `json:"id"`
-		Error   rpcError `json:"error"`
-	}{"2.0", nil, rpcError{-32000, "sandbox-mcp: " + msg}})
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   rpcError        `json:"error"`
+	}{"2.0", id, rpcError{-32000, "sandbox-mcp: " + msg}})
 	if err != nil {
 		http.Error(w, msg, status)
 		return
@@ -347,6 +370,41 @@ func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, status int, msg s
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	w.Write(append(body, '\n'))
+}
+
+// requestID returns the id of the single JSON-RPC request in r's body (read
+// up to limit bytes), or nil when there is none: a notification, a batch,
+// a GET, a body that does not parse. Only a JSON number or string comes
+// back, ready to be echoed.
+func requestID(r *http.Request, limit int64) json.RawMessage {
+	if r.Method != http.MethodPost || r.Body == nil {
+		return nil
+	}
+	var req struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, limit)).Decode(&req); err != nil || len(req.ID) == 0 {
+		return nil
+	}
+	var v any
+	if json.Unmarshal(req.ID, &v) != nil {
+		return nil
+	}
+	switch v.(type) {
+	case float64, string:
+		return req.ID
+	}
+	return nil
+}
+
+// holds reports whether the MCP session id is one this process serves.
+func (g *Guard) holds(id string) bool {
+	for ss := range g.server.Sessions() {
+		if ss.ID() == id {
+			return true
+		}
+	}
+	return false
 }
 
 // MaxRequestBody returns the cap on an HTTP request body: large enough for

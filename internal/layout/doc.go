@@ -16,6 +16,9 @@
 //     it takes its own Options and ends sessions through an interface.
 //   - The backend seam (session/backend), which a second backend builds on,
 //     links no Docker package: Docker lives in session/engine.
+//   - The snapshot store (snapshot) and `sandbox-mcp snapshot`
+//     (cmd/sandbox-mcp/internal/snapshotcli) link neither session nor
+//     Docker: they work on the state directory with no engine at all.
 //
 // Test files are left out: a test may run both ends of the protocol in one
 // process.

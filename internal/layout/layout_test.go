@@ -173,3 +173,17 @@ func TestBackendSeamLinksNoDocker(t *testing.T) {
 		}
 	}
 }
+
+func TestSnapshotCommandLinksNoEngine(t *testing.T) {
+	for _, root := range []string{module + "/snapshot", module + "/cmd/sandbox-mcp/internal/snapshotcli"} {
+		list := deps(t, root)
+		if !slices.Contains(list, root) {
+			t.Fatalf("go list -deps %s does not list it: the rule would check nothing", root)
+		}
+		for _, p := range list {
+			if linksDocker(p) || p == module+"/session" || strings.HasPrefix(p, module+"/session/") {
+				t.Errorf("%s links %s: the snapshots in the state directory are read and written without an engine or a server; keep the snapshot store and `sandbox-mcp snapshot` free of session and Docker", root, p)
+			}
+		}
+	}
+}

@@ -209,3 +209,55 @@ func RemoveLabelled(cli *client.Client, label, value string) {
 		}
 	}
 }
+
+var (
+	serverImageOnce sync.Once
+	serverImageTag  string
+	serverImageErr  error
+)
+
+// ServerImage returns the image of the server itself (image/server),
+// building the static server and agent into a temporary directory and the
+// image from them, once per test binary. The image is tagged by the
+// binaries' digest, so a rebuilt binary gives a new tag and an unchanged one
+// reuses the image; tests do not remove it (`docker image prune` or
+// `docker rmi` do).
+func ServerImage(t testing.TB) string {
+	t.Helper()
+	NeedsDocker(t)
+	serverImageOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sandbox-mcp-server-bin-")
+		if err != nil {
+			serverImageErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		for _, c := range []string{"sandbox-mcp", "sandbox-agent"} {
+			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, c), "./cmd/"+c)
+			cmd.Dir = RepoRoot()
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				serverImageErr = fmt.Errorf("build %s (static): %v\n%s", c, err, out)
+				return
+			}
+		}
+		cmd := exec.Command("bash", filepath.Join(RepoRoot(), "image", "server", "build.sh"), dir)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			serverImageErr = fmt.Errorf("image/server/build.sh: %v\n%s", err, stderr.String())
+			return
+		}
+		lines := strings.Fields(string(out))
+		if len(lines) == 0 {
+			serverImageErr = fmt.Errorf("image/server/build.sh printed no tag\n%s", stderr.String())
+			return
+		}
+		serverImageTag = lines[len(lines)-1]
+	})
+	if serverImageErr != nil {
+		t.Fatal(serverImageErr)
+	}
+	return serverImageTag
+}

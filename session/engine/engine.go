@@ -157,6 +157,9 @@ type sandboxContainer struct {
 	stdout io.Reader
 	stdin  io.WriteCloser
 	stderr *lineLogger
+	// createCut is set when the create call ended with its context: the
+	// engine may have made the container all the same.
+	createCut bool
 
 	removeOnce sync.Once
 	removeErr  error
@@ -174,10 +177,16 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		if c.stdin != nil {
 			c.stdin.Close()
 		}
-		if c.id != "" {
-			if err := removeContainer(ctx, c.d.cli, c.id); err != nil {
+		// A create whose call failed (a start cancelled under way) may
+		// still have made the container: its name finds it.
+		id := c.id
+		if id == "" && c.createCut {
+			id = c.name
+		}
+		if id != "" {
+			if err := removeContainer(ctx, c.d.cli, id); err != nil {
 				c.removeErr = err
-				c.d.log.Warn("remove container", "container", c.id, "err", err)
+				c.d.log.Warn("remove container", "container", id, "err", err)
 			}
 		}
 		if c.net != nil {
@@ -235,6 +244,7 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 	})
 	created, err := d.cli.ContainerCreate(ctx, opts)
 	if err != nil {
+		c.createCut = ctx.Err() != nil
 		return nil, engineError("create the sandbox container", err)
 	}
 	c.id = created.ID

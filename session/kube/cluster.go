@@ -34,6 +34,12 @@ const (
 	// renewal; the server renews it every third of that. Another server
 	// sweeps the pods of a server whose lease ran out.
 	DefaultLeaseDuration = 30 * time.Second
+	// DefaultQPS and DefaultBurst are the client's request rate limits
+	// when the rest.Config sets none. client-go's own (5 and 10) cap one
+	// server at about two sandbox starts a second and a sweep at five
+	// pods a second (docs/scale.md); these are kubectl's order of size.
+	DefaultQPS   = 50
+	DefaultBurst = 100
 	// DefaultStartTimeout bounds a pod's start: scheduling, both images,
 	// the init container and the agent's exec.
 	DefaultStartTimeout = 60 * time.Second
@@ -117,6 +123,9 @@ func NewCluster(rc *rest.Config, cfg Config) (*Cluster, error) {
 	rc = rest.CopyConfig(rc)
 	if rc.UserAgent == "" {
 		rc.UserAgent = "sandbox-mcp"
+	}
+	if rc.QPS == 0 && rc.RateLimiter == nil {
+		rc.QPS, rc.Burst = DefaultQPS, DefaultBurst
 	}
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -241,32 +250,49 @@ func (c *Cluster) Sweep(ctx context.Context) (int, error) {
 	known := map[string]bool{}
 	now := time.Now()
 	n := 0
+	dead := map[string]int{} // instance -> its pods, deleted together below
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		inst := p.Labels[LabelInstance]
 		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if !known[inst] {
+			known[inst] = true
+			l, err := leases.Get(ctx, LeaseName(inst), metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+			case err != nil:
+				return n, apiError("read lease of "+inst, err)
+			default:
+				live[inst] = live[inst] || !leaseExpired(l, now)
+			}
+		}
+		if !live[inst] {
+			dead[inst]++
+			continue
+		}
 		if !ended {
-			if !known[inst] {
-				known[inst] = true
-				l, err := leases.Get(ctx, LeaseName(inst), metav1.GetOptions{})
-				switch {
-				case apierrors.IsNotFound(err):
-				case err != nil:
-					return n, apiError("read lease of "+inst, err)
-				default:
-					live[inst] = live[inst] || !leaseExpired(l, now)
-				}
-			}
-			if live[inst] {
-				continue
-			}
+			continue
 		}
 		if err := c.deletePod(ctx, p.Name); err != nil {
 			c.log.Warn("kube: sweep: delete pod", "pod", p.Name, "err", err)
 			continue
 		}
 		n++
-		c.log.Info("kube: swept orphaned pod", "pod", p.Name, "phase", p.Status.Phase, "sandbox", p.Labels[LabelSandbox], "instance", inst)
+		c.log.Info("kube: swept ended pod", "pod", p.Name, "phase", p.Status.Phase, "sandbox", p.Labels[LabelSandbox], "instance", inst)
+	}
+	// A dead server's pods go in one request per server (a delete
+	// collection by its label), not one per pod: a sweep of thousands of
+	// pods costs the API server one call and the server no rate limit.
+	zero := int64(0)
+	for inst, count := range dead {
+		err := c.cs.CoreV1().Pods(c.cfg.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero},
+			metav1.ListOptions{LabelSelector: LabelManaged + "=1," + LabelRole + "=sandbox," + LabelInstance + "=" + inst})
+		if err != nil {
+			c.log.Warn("kube: sweep: delete the pods of a server that is gone", "instance", inst, "err", err)
+			continue
+		}
+		n += count
+		c.log.Info("kube: swept orphaned pods of a server that is gone", "instance", inst, "pods", count)
 	}
 	// Expired leases of servers that are gone, their pods swept above.
 	ls, err := leases.List(ctx, metav1.ListOptions{LabelSelector: LabelManaged + "=1"})

@@ -1,8 +1,9 @@
-package main
+package snapshotcli
 
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -11,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // craftedSnapshot stores a tar made of headers (regular files get one byte)
@@ -33,11 +34,11 @@ func craftedSnapshot(t *testing.T, state string, headers ...*tar.Header) string 
 		}
 	}
 	tw.Close()
-	st, err := session.OpenSnapshotStore(filepath.Join(state, "snapshots"), session.Retention{})
+	st, err := snapshot.OpenStore(filepath.Join(state, "snapshots"), snapshot.Retention{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Create("crafted", "sb-x", "", func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
+	info, err := st.For("").Create("crafted", "sb-x", func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func exportTree(t *testing.T, state, id string, flags ...string) (stderr string,
 	dir := filepath.Join(t.TempDir(), "export")
 	var out, errOut bytes.Buffer
 	args := append(append([]string{"export", "--state-dir", state}, flags...), id, dir)
-	if code := snapshotCmd(args, &out, &errOut, envFrom(nil)); code != 0 {
+	if code := Run(args, &out, &errOut, stateDirOnly); code != 0 {
 		t.Fatalf("export %v: exit %d\n%s", flags, code, errOut.String())
 	}
 	tree = map[string]string{}
@@ -120,7 +121,7 @@ func TestSnapshotExportModesAndSymlinks(t *testing.T) {
 	}
 
 	var out, errOut bytes.Buffer
-	if code := snapshotCmd([]string{"export", "--symlinks=all", id, t.TempDir()}, &out, &errOut, envFrom(nil)); code != 2 || !strings.Contains(errOut.String(), "use inside") {
+	if code := Run([]string{"export", "--symlinks=all", id, t.TempDir()}, &out, &errOut, stateDirOnly); code != 2 || !strings.Contains(errOut.String(), "use inside") {
 		t.Errorf("--symlinks=all: exit %d\n%s", code, errOut.String())
 	}
 }
@@ -135,4 +136,23 @@ func equalTrees(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// stateDirOnly parses the one server flag these tests pass, --state-dir,
+// as the server's parser does.
+func stateDirOnly(args []string) (string, []string, error) {
+	var dir string
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--state-dir" && i+1 < len(args) {
+			dir = args[i+1]
+			i++
+			continue
+		}
+		rest = append(rest, args[i])
+	}
+	if dir == "" {
+		return "", nil, errors.New("--state-dir is required here")
+	}
+	return dir, rest, nil
 }

@@ -1,4 +1,4 @@
-package main
+package snapshotcli
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 func TestTermSafe(t *testing.T) {
@@ -37,16 +37,16 @@ func TestTermSafe(t *testing.T) {
 // operator's terminal through `sandbox-mcp snapshot list`.
 func TestSnapshotListEscapesWhatCallersChose(t *testing.T) {
 	state := t.TempDir()
-	st, err := session.OpenSnapshotStore(filepath.Join(state, "snapshots"), session.Retention{})
+	st, err := snapshot.OpenStore(filepath.Join(state, "snapshots"), snapshot.Retention{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	empty := func(w io.Writer) error { _, err := w.Write(make([]byte, 1024)); return err }
 	hostile := "\x1b[2J\x1b]0;owned\x07\rfake line\u009b31m\u202eexe.txt"
-	if _, err := st.Create(hostile, "sb-1", "mallory", empty); err != nil {
+	if _, err := st.For("mallory").Create(hostile, "sb-1", empty); err != nil {
 		t.Fatal(err)
 	}
-	tampered, err := st.Create("ok", "sb-2", "", empty)
+	tampered, err := st.For("").Create("ok", "sb-2", empty)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestSnapshotListEscapesWhatCallersChose(t *testing.T) {
 	}
 
 	var stdout, stderr bytes.Buffer
-	if code := snapshotCmd([]string{"list", "--state-dir", state}, &stdout, &stderr, envFrom(nil)); code != 0 {
+	if code := Run([]string{"list", "--state-dir", state}, &stdout, &stderr, stateDirOnly); code != 0 {
 		t.Fatalf("list: %d %s", code, stderr.String())
 	}
 	out := stdout.String()

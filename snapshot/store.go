@@ -1,4 +1,18 @@
-package session
+// Package snapshot keeps workspace snapshots on the host: tar archives
+// with a JSON record beside each, in the server's state directory, with
+// their ids, retention limits (per caller and in all) and the reservation
+// of room on disk for snapshots being written.
+//
+// Snapshots belong to the caller whose sandbox made them. A caller sees the
+// store through Store.For, a view in which other callers' snapshots do not
+// exist: looking one up is ErrNotFound, exactly as for an id never made.
+// That rule lives here, once; the server reaches snapshots only through a
+// view. The Store's own methods see every snapshot: they are the
+// operator's (the snapshot command line).
+//
+// Package snapshot knows neither the engine nor MCP: the tar stream of a
+// new snapshot comes from a function the caller passes.
+package snapshot
 
 import (
 	"archive/tar"
@@ -19,13 +33,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// SnapshotInfo describes a stored snapshot.
-type SnapshotInfo struct {
+// Info describes a stored snapshot.
+type Info struct {
 	ID        string    `json:"id"`
 	Label     string    `json:"label"`
 	CreatedAt time.Time `json:"created_at"`
@@ -35,14 +47,12 @@ type SnapshotInfo struct {
 	Sandbox   string    `json:"sandbox"`
 	// Owner is the caller whose sandbox made the snapshot ("" on stdio).
 	Owner string `json:"owner,omitempty"`
-
-	restored agentproto.RestoreResult // set by Sandbox.restoreInto
 }
 
 // URI is the snapshot's MCP resource address.
-func (s SnapshotInfo) URI() string { return "sandbox://snapshots/" + s.ID }
+func (s Info) URI() string { return "sandbox://snapshots/" + s.ID }
 
-// SnapshotStore keeps snapshots as tar files with a JSON record beside each,
+// Store keeps snapshots as tar files with a JSON record beside each,
 // in one directory of the server's state directory. Snapshots outlive the
 // sandbox and the server process; Retention bounds how many are kept, per
 // caller and in all.
@@ -50,7 +60,7 @@ func (s SnapshotInfo) URI() string { return "sandbox://snapshots/" + s.ID }
 // Room on disk is reserved before a snapshot is written and granted as it
 // is written: the archives stored plus the bytes of snapshots being written
 // never pass the byte caps, not even for a moment (see Create).
-type SnapshotStore struct {
+type Store struct {
 	dir string
 	ret Retention
 
@@ -58,7 +68,7 @@ type SnapshotStore struct {
 	// stored is the index of the snapshots on disk, oldest first, read
 	// again from the directory at every admission (another process may
 	// have added or deleted some).
-	stored  []SnapshotInfo
+	stored  []Info
 	flights map[string]*flight // snapshots being written, by id
 	// freed is closed, and replaced, whenever a snapshot in flight ends,
 	// for Create calls waiting for room.
@@ -96,19 +106,19 @@ type flight struct {
 	written  int64 // room granted so far (the bytes in its file)
 }
 
-var snapshotID = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
+var idPattern = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
 
-// ValidSnapshotID reports whether id has the form the store hands out. Ids
+// ValidID reports whether id has the form the store hands out. Ids
 // are checked before they touch the file system.
-func ValidSnapshotID(id string) bool { return snapshotID.MatchString(id) }
+func ValidID(id string) bool { return idPattern.MatchString(id) }
 
-// OpenSnapshotStore opens (creating if needed) the store in dir, removes
+// OpenStore opens (creating if needed) the store in dir, removes
 // what an interrupted write left, and applies the retention limits.
-func OpenSnapshotStore(dir string, ret Retention) (*SnapshotStore, error) {
+func OpenStore(dir string, ret Retention) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
-	s := &SnapshotStore{dir: dir, ret: ret, flights: map[string]*flight{}, freed: make(chan struct{})}
+	s := &Store{dir: dir, ret: ret, flights: map[string]*flight{}, freed: make(chan struct{})}
 	if names, err := os.ReadDir(dir); err == nil {
 		for _, e := range names {
 			if strings.HasPrefix(e.Name(), ".incoming-") || strings.HasSuffix(e.Name(), ".json.tmp") {
@@ -135,12 +145,12 @@ func OpenSnapshotStore(dir string, ret Retention) (*SnapshotStore, error) {
 
 // refresh reads the index from the directory; snapshots being written are
 // counted as flights, not as stored. s.mu is held.
-func (s *SnapshotStore) refresh() error {
+func (s *Store) refresh() error {
 	all, err := s.List()
 	if err != nil {
 		return err
 	}
-	s.stored = slices.DeleteFunc(all, func(in SnapshotInfo) bool { return s.flights[in.ID] != nil })
+	s.stored = slices.DeleteFunc(all, func(in Info) bool { return s.flights[in.ID] != nil })
 	return nil
 }
 
@@ -154,7 +164,7 @@ type usage struct {
 
 // usageOf sums the usage of owner, or of every caller when all is set.
 // s.mu is held.
-func (s *SnapshotStore) usageOf(owner string, all bool) usage {
+func (s *Store) usageOf(owner string, all bool) usage {
 	var u usage
 	for _, in := range s.stored {
 		if all || in.Owner == owner {
@@ -181,7 +191,7 @@ var errNoRoom = errors.New("snapshot store: no stored snapshot left to delete, y
 // extra more bytes and every limit holds: first snapshots past MaxAge, then
 // owner's oldest while owner is past its own limits, then the oldest of the
 // caller holding the most while the store is past its limits. s.mu is held.
-func (s *SnapshotStore) makeRoom(owner string, extra int64, protect string) error {
+func (s *Store) makeRoom(owner string, extra int64, protect string) error {
 	r := s.ret
 	if r.MaxAge > 0 {
 		now := time.Now()
@@ -218,7 +228,7 @@ func (s *SnapshotStore) makeRoom(owner string, extra int64, protect string) erro
 
 // oldestOf returns the id of owner's oldest stored snapshot other than
 // protect, or "". s.mu is held.
-func (s *SnapshotStore) oldestOf(owner, protect string) string {
+func (s *Store) oldestOf(owner, protect string) string {
 	for _, in := range s.stored {
 		if in.Owner == owner && in.ID != protect {
 			return in.ID
@@ -231,7 +241,7 @@ func (s *SnapshotStore) oldestOf(owner, protect string) string {
 // of the caller that holds the most by size, among callers with a snapshot
 // that may be deleted; ties go to the caller whose oldest snapshot is the
 // oldest. s.mu is held.
-func (s *SnapshotStore) oldestOfBiggest(protect string, size func(usage) int64) string {
+func (s *Store) oldestOfBiggest(protect string, size func(usage) int64) string {
 	best, bestSize := "", int64(-1)
 	seen := map[string]bool{}
 	for _, in := range s.stored { // oldest first: the first of each owner is its oldest
@@ -247,17 +257,17 @@ func (s *SnapshotStore) oldestOfBiggest(protect string, size func(usage) int64) 
 }
 
 // evict deletes a stored snapshot and drops it from the index. s.mu is held.
-func (s *SnapshotStore) evict(id string) error {
-	if err := s.remove(id); err != nil && !errors.Is(err, ErrSnapshotNotFound) {
+func (s *Store) evict(id string) error {
+	if err := s.remove(id); err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("snapshot store: apply retention: %w", err)
 	}
-	s.stored = slices.DeleteFunc(s.stored, func(in SnapshotInfo) bool { return in.ID == id })
+	s.stored = slices.DeleteFunc(s.stored, func(in Info) bool { return in.ID == id })
 	return nil
 }
 
 // reservation is the room a new snapshot reserves, and the flag that sets
 // it (for messages). 0 means no byte cap applies.
-func (s *SnapshotStore) reservation() (int64, string) {
+func (s *Store) reservation() (int64, string) {
 	n, why := s.ret.MaxSnapshotBytes, "the largest snapshot of a workspace (--max-workspace-bytes)"
 	if c := s.ret.PerCallerBytes; c > 0 && (n == 0 || c < n) {
 		n, why = c, "--snapshot-max-bytes-per-caller"
@@ -273,7 +283,7 @@ func (s *SnapshotStore) reservation() (int64, string) {
 
 // admit reserves room for a new snapshot of owner, or says why it cannot
 // be had now (BUSY: snapshots being written hold it). s.mu is held.
-func (s *SnapshotStore) admit(id, owner string) error {
+func (s *Store) admit(id, owner string) error {
 	if err := s.refresh(); err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
@@ -296,7 +306,7 @@ func (s *SnapshotStore) admit(id, owner string) error {
 
 // grant lets a snapshot in flight put n more bytes on disk, deleting old
 // snapshots to make room as needed. Past its reservation it is TOO_LARGE.
-func (s *SnapshotStore) grant(id string, n int64) error {
+func (s *Store) grant(id string, n int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f := s.flights[id]
@@ -313,7 +323,7 @@ func (s *SnapshotStore) grant(id string, n int64) error {
 
 // land ends a flight: its bytes are stored as info when ok, and freed (its
 // file already removed) when not. s.mu is held.
-func (s *SnapshotStore) land(id string, info SnapshotInfo, ok bool) {
+func (s *Store) land(id string, info Info, ok bool) {
 	delete(s.flights, id)
 	if ok {
 		s.stored = append(s.stored, info)
@@ -322,31 +332,32 @@ func (s *SnapshotStore) land(id string, info SnapshotInfo, ok bool) {
 	s.freed = make(chan struct{})
 }
 
-// Latest returns the newest snapshot a sandbox made.
-func (s *SnapshotStore) Latest(sandbox string) (SnapshotInfo, bool) {
+// latest returns the newest snapshot of owner that sandbox made.
+func (s *Store) latest(owner, sandbox string) (Info, bool) {
 	all, err := s.List()
 	if err != nil {
-		return SnapshotInfo{}, false
+		return Info{}, false
 	}
 	for i := len(all) - 1; i >= 0; i-- {
-		if all[i].Sandbox == sandbox {
+		if all[i].Sandbox == sandbox && all[i].Owner == owner {
 			return all[i], true
 		}
 	}
-	return SnapshotInfo{}, false
+	return Info{}, false
 }
 
 // Dir returns the store's directory.
-func (s *SnapshotStore) Dir() string { return s.dir }
+func (s *Store) Dir() string { return s.dir }
 
-func (s *SnapshotStore) paths(id string) (tarPath, metaPath string) {
+func (s *Store) paths(id string) (tarPath, metaPath string) {
 	return filepath.Join(s.dir, id+".tar"), filepath.Join(s.dir, id+".json")
 }
 
 // maxLabel is the longest label kept.
 const maxLabel = 200
 
-// Create stores a new snapshot whose tar stream fill writes. The stream is
+// Create stores a new snapshot of the view's caller, made by sandbox,
+// whose tar stream fill writes. The stream is
 // hashed as it is stored, then read back as tar to count its entries: a
 // stream that is not a valid tar is refused.
 //
@@ -357,25 +368,25 @@ const maxLabel = 200
 // one needs their room (so a snapshot that fails late may have cost some);
 // a stream that outgrows its reservation is cut and refused with TOO_LARGE.
 // When the snapshot is stored, the count and age limits are applied.
-func (s *SnapshotStore) Create(label, sandbox, owner string, fill func(io.Writer) error) (SnapshotInfo, error) {
-	return s.create(nil, label, sandbox, owner, fill)
+func (v *View) Create(label, sandbox string, fill func(io.Writer) error) (Info, error) {
+	return v.s.create(nil, label, sandbox, v.owner, fill)
 }
 
 // CreateWait is Create that, instead of returning BUSY, waits until ctx
 // ends for snapshots being written to leave room.
-func (s *SnapshotStore) CreateWait(ctx context.Context, label, sandbox, owner string, fill func(io.Writer) error) (SnapshotInfo, error) {
-	return s.create(ctx, label, sandbox, owner, fill)
+func (v *View) CreateWait(ctx context.Context, label, sandbox string, fill func(io.Writer) error) (Info, error) {
+	return v.s.create(ctx, label, sandbox, v.owner, fill)
 }
 
-func (s *SnapshotStore) create(wait context.Context, label, sandbox, owner string, fill func(io.Writer) error) (info SnapshotInfo, err error) {
+func (s *Store) create(wait context.Context, label, sandbox, owner string, fill func(io.Writer) error) (info Info, err error) {
 	if len(label) > maxLabel {
 		label = label[:maxLabel]
 	}
 	var rnd [10]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return SnapshotInfo{}, err
+		return Info{}, err
 	}
-	info = SnapshotInfo{
+	info = Info{
 		ID:        "snap-" + hex.EncodeToString(rnd[:]),
 		Label:     label,
 		CreatedAt: time.Now().UTC(),
@@ -444,7 +455,7 @@ func (s *SnapshotStore) create(wait context.Context, label, sandbox, owner strin
 
 // reserve admits a new snapshot, waiting for room until wait ends (nil:
 // not at all).
-func (s *SnapshotStore) reserve(wait context.Context, id, owner string) error {
+func (s *Store) reserve(wait context.Context, id, owner string) error {
 	for {
 		s.mu.Lock()
 		err := s.admit(id, owner)
@@ -494,19 +505,19 @@ func (g *grantWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// ErrSnapshotNotFound is returned for an unknown snapshot id.
-var ErrSnapshotNotFound = errors.New("snapshot not found")
+// ErrNotFound is returned for an unknown snapshot id.
+var ErrNotFound = errors.New("snapshot not found")
 
 // Get returns a snapshot's record.
-func (s *SnapshotStore) Get(id string) (SnapshotInfo, error) {
-	var info SnapshotInfo
-	if !ValidSnapshotID(id) {
-		return info, ErrSnapshotNotFound
+func (s *Store) Get(id string) (Info, error) {
+	var info Info
+	if !ValidID(id) {
+		return info, ErrNotFound
 	}
 	_, metaPath := s.paths(id)
 	b, err := os.ReadFile(metaPath)
 	if errors.Is(err, os.ErrNotExist) {
-		return info, ErrSnapshotNotFound
+		return info, ErrNotFound
 	}
 	if err != nil {
 		return info, err
@@ -518,7 +529,7 @@ func (s *SnapshotStore) Get(id string) (SnapshotInfo, error) {
 }
 
 // Open returns a snapshot's record and its tar stream.
-func (s *SnapshotStore) Open(id string) (SnapshotInfo, *os.File, error) {
+func (s *Store) Open(id string) (Info, *os.File, error) {
 	info, err := s.Get(id)
 	if err != nil {
 		return info, nil, err
@@ -526,21 +537,21 @@ func (s *SnapshotStore) Open(id string) (SnapshotInfo, *os.File, error) {
 	tarPath, _ := s.paths(id)
 	f, err := os.Open(tarPath)
 	if errors.Is(err, os.ErrNotExist) {
-		return info, nil, ErrSnapshotNotFound
+		return info, nil, ErrNotFound
 	}
 	return info, f, err
 }
 
 // List returns every snapshot's record, oldest first.
-func (s *SnapshotStore) List() ([]SnapshotInfo, error) {
+func (s *Store) List() ([]Info, error) {
 	names, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, err
 	}
-	var out []SnapshotInfo
+	var out []Info
 	for _, e := range names {
 		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !ValidSnapshotID(id) {
+		if !ok || !ValidID(id) {
 			continue
 		}
 		info, err := s.Get(id)
@@ -549,40 +560,33 @@ func (s *SnapshotStore) List() ([]SnapshotInfo, error) {
 		}
 		out = append(out, info)
 	}
-	slices.SortFunc(out, func(a, b SnapshotInfo) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortFunc(out, func(a, b Info) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	return out, nil
 }
 
 // Delete removes a snapshot.
-func (s *SnapshotStore) Delete(id string) error {
+func (s *Store) Delete(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.remove(id); err != nil {
 		return err
 	}
-	s.stored = slices.DeleteFunc(s.stored, func(in SnapshotInfo) bool { return in.ID == id })
+	s.stored = slices.DeleteFunc(s.stored, func(in Info) bool { return in.ID == id })
 	return nil
 }
 
 // remove deletes a snapshot's files.
-func (s *SnapshotStore) remove(id string) error {
-	if !ValidSnapshotID(id) {
-		return ErrSnapshotNotFound
+func (s *Store) remove(id string) error {
+	if !ValidID(id) {
+		return ErrNotFound
 	}
 	tarPath, metaPath := s.paths(id)
 	err := os.Remove(metaPath)
 	if errors.Is(err, os.ErrNotExist) {
-		return ErrSnapshotNotFound
+		return ErrNotFound
 	}
 	if err != nil {
 		return err
 	}
 	return os.Remove(tarPath)
-}
-
-// snapshotLimits are the caps on a workspace's tar stream, both ways. The
-// stream holds the workspace's bytes plus headers and padding: the workspace
-// cap plus some room for those is the ceiling.
-func snapshotLimits(p policy.Policy) agentproto.Limits {
-	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
 }
