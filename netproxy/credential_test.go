@@ -20,7 +20,7 @@ func authConnect(target, token string) string {
 func TestSharedListenerByCredential(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.res.setAddrs("api.example.com", "93.184.216.34")
-	h.dialer.target = startServer(t, "tcp", "127.0.0.1:0", silent).addr()
+	h.dialer.target = startServer(t, "tcp", "127.0.0.1:0", echo).addr()
 	ln := listen(t)
 	h.wg.Go(func() {
 		if err := h.p.ServeShared(h.ctx, ln); err != nil {
