@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/coreos/go-iptables/iptables"
 )
@@ -27,6 +28,11 @@ const FirewallChain = "SANDBOX-MCP"
 // allowlist behind it, are the sandbox's alone.
 type firewall struct {
 	ipt *iptables.IPTables
+	// mu serialises this server's changes to the chain. iptables locks
+	// each command, but a delete checks and then deletes in two: two
+	// removers of one network in this process (a sandbox's removal and
+	// the shutdown) would race between them.
+	mu sync.Mutex
 }
 
 // newFirewall checks that iptables can be changed (root or CAP_NET_ADMIN)
@@ -68,9 +74,11 @@ func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int
 
 // isolate installs a network's rules.
 func (f *firewall) isolate(network, bridge string, gw, client netip.Addr, port int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, r := range f.rules(network, bridge, gw, client, port) {
 		if err := f.ipt.AppendUnique("filter", FirewallChain, r...); err != nil {
-			f.release(network)
+			f.removeWhereLocked(func(comment string) bool { return comment == ruleComment(network) })
 			return fmt.Errorf("firewall: %w", err)
 		}
 	}
@@ -82,13 +90,38 @@ func (f *firewall) release(network string) error {
 	return f.removeWhere(func(comment string) bool { return comment == ruleComment(network) })
 }
 
-// removeWhere deletes the chain's rules whose comment matches.
+// removeWhere deletes the chain's rules whose comment matches, and lists
+// the chain again to make sure: another process (a second server's sweep)
+// may change it at the same time, and what it lists is what counts.
 func (f *firewall) removeWhere(match func(comment string) bool) error {
-	rules, err := f.ipt.List("filter", FirewallChain)
-	if err != nil {
-		return err
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.removeWhereLocked(match)
+}
+
+func (f *firewall) removeWhereLocked(match func(comment string) bool) error {
+	const attempts = 3
+	var err error
+	for range attempts {
+		rules, lerr := f.ipt.List("filter", FirewallChain)
+		if lerr != nil {
+			return lerr
+		}
+		left := 0
+		for _, r := range rules {
+			if c := ruleCommentOf(r); c != "" && match(c) {
+				left++
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		err = f.remove(rules, match)
 	}
-	return f.remove(rules, match)
+	if err == nil {
+		err = fmt.Errorf("firewall: rules still in %s after %d attempts to delete them", FirewallChain, attempts)
+	}
+	return err
 }
 
 // remove deletes those of rules (as iptables -S lists them) whose comment
@@ -141,10 +174,12 @@ func (f *firewall) sweep(live func() (map[string]bool, error)) error {
 	if err != nil {
 		return err
 	}
-	names, err := live()
+	names, err := live() // not under mu: live may wait for this server's new sandboxes
 	if err != nil {
 		return err
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return f.remove(rules, func(comment string) bool {
 		network, ok := strings.CutPrefix(comment, "sandbox-mcp:")
 		return ok && !names[network]
