@@ -165,16 +165,7 @@ func createEdited(dir int, base, rel string, content []byte, maxFile int64) (age
 		return res, errcode.Errorf(errcode.TooLarge,
 			"edit %s: new_string is %d bytes, more than this server's cap of %d", quote(rel), len(content), maxFile)
 	}
-	var tmp string
-	var fd int
-	var err error
-	for range 100 {
-		tmp = randomName(tmpPrefix)
-		fd, err = openat(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
-		if err != unix.EEXIST {
-			break
-		}
-	}
+	tmp, fd, err := createTemp(dir)
 	if err != nil {
 		return res, fsError(op, rel, err)
 	}

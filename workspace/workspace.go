@@ -329,19 +329,23 @@ func (w *Workspace) WriteFile(rel string, src io.Reader, size int64, append bool
 	return replaceFile(dir, base, op, rel, src, size, perm)
 }
 
-// replaceFile is WriteFile without append; dir is the resolved parent.
-func replaceFile(dir int, base, op, rel string, src io.Reader, size int64, perm uint32) (agentproto.WriteResult, error) {
-	var res agentproto.WriteResult
-	var tmp string
-	var fd int
-	var err error
+// createTemp makes a new file of a random name in dir, private to the
+// agent until it is renamed into place.
+func createTemp(dir int) (name string, fd int, err error) {
 	for range 100 {
-		tmp = randomName(tmpPrefix)
-		fd, err = openat(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
+		name = randomName(tmpPrefix)
+		fd, err = openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
 		if err != unix.EEXIST {
 			break
 		}
 	}
+	return name, fd, err
+}
+
+// replaceFile is WriteFile without append; dir is the resolved parent.
+func replaceFile(dir int, base, op, rel string, src io.Reader, size int64, perm uint32) (agentproto.WriteResult, error) {
+	var res agentproto.WriteResult
+	tmp, fd, err := createTemp(dir)
 	if err != nil {
 		return res, fsError(op, rel, err)
 	}
