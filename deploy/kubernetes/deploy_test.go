@@ -265,11 +265,25 @@ spec:
 	if len(ips) != 2 {
 		t.Fatalf("server pods' IPs: %v, want 2", ips)
 	}
-	eps := mustKubectl(t, "", "-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=sandbox-mcp", "-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
-	for _, ip := range ips {
-		if !strings.Contains(" "+eps+" ", " "+ip+" ") {
-			t.Errorf("the Service's endpoints %q lack replica %s", eps, ip)
+	// The EndpointSlice controller publishes a ready pod a moment after the
+	// rollout reports it, so the slices are read again until both replicas
+	// are in them or half a minute has passed.
+	var eps string
+	missing := ips
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		eps = mustKubectl(t, "", "-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=sandbox-mcp", "-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+		missing = nil
+		for _, ip := range ips {
+			if !strings.Contains(" "+eps+" ", " "+ip+" ") {
+				missing = append(missing, ip)
+			}
 		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, ip := range missing {
+		t.Errorf("the Service's endpoints %q lack replica %s after 30 s", eps, ip)
 	}
 
 	// One MCP session through a replica (at its pod IP: this node has no
