@@ -16,43 +16,65 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
-// doctor checks what the server needs and says what to fix. It exits 1 if
-// a check failed; warnings do not fail it.
+// report collects doctor's verdicts: ok and warn lines, and FAIL lines
+// that make it exit 1.
+type report struct {
+	w      io.Writer
+	failed bool
+}
+
+func (r *report) ok(format string, a ...any)   { fmt.Fprintf(r.w, "ok    "+format+"\n", a...) }
+func (r *report) warn(format string, a ...any) { fmt.Fprintf(r.w, "warn  "+format+"\n", a...) }
+func (r *report) fail(format string, a ...any) {
+	r.failed = true
+	fmt.Fprintf(r.w, "FAIL  "+format+"\n", a...)
+}
+
+// doctor checks what the server needs, on the backend the configuration
+// names, and says what to fix. It exits 1 if a check failed; warnings do
+// not fail it.
 func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string) string) int {
-	failed := false
-	ok := func(format string, a ...any) { fmt.Fprintf(w, "ok    "+format+"\n", a...) }
-	warn := func(format string, a ...any) { fmt.Fprintf(w, "warn  "+format+"\n", a...) }
-	fail := func(format string, a ...any) {
-		failed = true
-		fmt.Fprintf(w, "FAIL  "+format+"\n", a...)
-	}
+	r := &report{w: w}
 	defer func() {
-		if failed {
+		if r.failed {
 			fmt.Fprintln(w, "\nsandbox-mcp is not ready: fix the FAIL lines above.")
 		} else {
 			fmt.Fprintln(w, "\nsandbox-mcp is ready.")
 		}
 	}()
-
 	cfg, err := ParseConfig(args, getenv)
 	if err != nil {
-		fail("configuration: %v", err)
+		r.fail("configuration: %v", err)
 		return 1
 	}
-	ok("configuration (state dir %s)", cfg.StateDir)
+	r.ok("configuration (state dir %s)", cfg.StateDir)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if cfg.Kube.Backend == BackendKubernetes {
+		doctorKube(ctx, cfg, r)
+	} else {
+		doctorDocker(ctx, cfg, r)
+	}
+	if r.failed {
+		return 1
+	}
+	return 0
+}
 
+// doctorDocker checks the Docker backend: the agent binary, the engine, the
+// image, internal networks, and a real sandbox.
+func doctorDocker(ctx context.Context, cfg Config, r *report) {
+	ok, warn, fail := r.ok, r.warn, r.fail
 	if err := checkAgentBinary(cfg.AgentBin); err != nil {
 		fail("agent binary %s: %v; build it with `make build`, or point --agent-bin at it", cfg.AgentBin, err)
 	} else {
 		ok("agent binary %s", cfg.AgentBin)
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
 	cli, err := client.New(client.FromEnv)
 	if err != nil {
 		fail("docker client: %v", err)
-		return 1
+		return
 	}
 	defer cli.Close()
 	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -60,12 +82,12 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 	pcancel()
 	if err != nil {
 		fail("Docker engine not reachable: %v; start the engine (e.g. `systemctl start docker`) or set DOCKER_HOST", err)
-		return 1
+		return
 	}
 	sv, err := cli.ServerVersion(ctx, client.ServerVersionOptions{})
 	if err != nil {
 		fail("engine version: %v", err)
-		return 1
+		return
 	}
 	runc := ""
 	for _, c := range sv.Components {
@@ -98,8 +120,8 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 		ok("internal networks can be created (for --network=allowlist)")
 	}
 
-	if failed {
-		return 1
+	if r.failed {
+		return
 	}
 	start := time.Now()
 	m, err := session.NewManager(ctx, session.Options{
@@ -109,68 +131,91 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)
-		return 1
+		return
 	}
 	defer m.Close(context.Background())
 	ok("runtime image %s (%s)", m.RuntimeImage(), time.Since(start).Round(time.Millisecond))
+	sb := checkSandbox(ctx, m, r, engine.AgentPath, dockerSeccomp(cfg.SeccompProfileFile), "container start included")
+	if sb == nil {
+		return
+	}
+	checkHardening(ctx, cli, sb, ok, warn, fail)
+	m.Release("doctor")
+}
+
+// checkSandbox starts the doctor's sandbox on m and runs commands in it:
+// `true` twice (the first time includes the sandbox's start, named by
+// startNote) and the io_uring probe of the agent at agentPath. It returns
+// the sandbox, or nil after a FAIL.
+func checkSandbox(ctx context.Context, m *session.Manager, r *report, agentPath string, seccomp seccompView, startNote string) *session.Sandbox {
 	sb, err := m.Sandbox("doctor", "")
 	if err != nil {
-		fail("sandbox: %v", err)
-		return 1
+		r.fail("sandbox: %v", err)
+		return nil
 	}
-	start = time.Now()
+	start := time.Now()
 	res, err := sb.Exec(ctx, session.ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 30 * time.Second})
 	first := time.Since(start)
 	switch {
 	case err != nil:
-		fail("a sandbox could not run `true`: %v", err)
+		r.fail("a sandbox could not run `true`: %v", err)
+		return nil
 	case res.ExitCode != 0:
-		fail("`true` exited %d in a sandbox", res.ExitCode)
-	default:
-		start = time.Now()
-		_, err = sb.Exec(ctx, session.ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 30 * time.Second})
-		if err != nil {
-			fail("second exec: %v", err)
-		} else {
-			ok("sandbox runs commands: first exec %s (container start included), next %s",
-				first.Round(time.Millisecond), time.Since(start).Round(100*time.Microsecond))
-		}
+		r.fail("`true` exited %d in a sandbox", res.ExitCode)
+		return nil
 	}
-	if !failed {
-		if msg, allowed := checkIOURing(ctx, sb, cfg.SeccompProfileFile); allowed {
-			warn("%s", msg)
-		} else {
-			ok("%s", msg)
-		}
-		checkHardening(ctx, cli, sb, ok, warn, fail)
+	start = time.Now()
+	if _, err = sb.Exec(ctx, session.ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 30 * time.Second}); err != nil {
+		r.fail("second exec: %v", err)
+		return nil
 	}
-	m.Release("doctor")
-	if failed {
-		return 1
+	r.ok("sandbox runs commands: first exec %s (%s), next %s",
+		first.Round(time.Millisecond), startNote, time.Since(start).Round(100*time.Microsecond))
+	if msg, allowed := checkIOURing(ctx, sb, agentPath, seccomp); allowed {
+		r.warn("%s", msg)
+	} else {
+		r.ok("%s", msg)
 	}
-	return 0
+	return sb
 }
 
-// checkIOURing runs the agent's io_uring probe in a sandbox: io_uring has
-// been a rich source of kernel escapes, and the engine's default seccomp
-// profile allows it before Docker 25. It returns what to print, and whether
-// sandboxes can use io_uring (a warning). A probe that cannot run is a
-// warning too: the answer is unknown.
-func checkIOURing(ctx context.Context, sb *session.Sandbox, profileFile string) (msg string, allowed bool) {
-	profile := "the engine's default seccomp profile"
+// seccompView names the seccomp profile sandboxes run under, and what to
+// do if it lets them use io_uring.
+type seccompView struct{ profile, fix string }
+
+// dockerSeccomp is the Docker backend's view: the engine's default profile
+// or --seccomp-profile.
+func dockerSeccomp(profileFile string) seccompView {
+	v := seccompView{profile: "the engine's default seccomp profile",
+		fix: "Docker before 25.0 allows io_uring, a frequent source of kernel exploits: use a newer engine, or start sandbox-mcp with --seccomp-profile examples/seccomp-no-io_uring.json (the engine's default profile without io_uring)"}
 	if profileFile != "" {
-		profile = "--seccomp-profile " + profileFile
+		v.profile = "--seccomp-profile " + profileFile
+		v.fix = "io_uring is a frequent source of kernel exploits: remove io_uring_setup, io_uring_enter and io_uring_register from the profile (examples/seccomp-no-io_uring.json shows how)"
 	}
-	res, err := sb.Exec(ctx, session.ExecRequest{Argv: []string{engine.AgentPath, "probe-io-uring"}, Cwd: ".", Timeout: 30 * time.Second, MaxOutput: 4 << 10})
+	return v
+}
+
+// kubeSeccomp is the Kubernetes backend's view: pods use the node
+// runtime's default profile (RuntimeDefault), the only one Pod Security
+// "restricted" admits besides a node-local file.
+var kubeSeccomp = seccompView{profile: "the node runtime's RuntimeDefault seccomp profile",
+	fix: "io_uring is a frequent source of kernel exploits: run sandboxes under a runtime class with a kernel of its own (--runtime-class for gVisor or Kata), or on nodes whose container runtime's default profile refuses io_uring"}
+
+// checkIOURing runs the agent's io_uring probe in a sandbox: io_uring has
+// been a rich source of kernel escapes, and many default seccomp profiles
+// allow it. It returns what to print, and whether sandboxes can use
+// io_uring (a warning). A probe that cannot run is a warning too: the
+// answer is unknown.
+func checkIOURing(ctx context.Context, sb *session.Sandbox, agentPath string, v seccompView) (msg string, allowed bool) {
+	res, err := sb.Exec(ctx, session.ExecRequest{Argv: []string{agentPath, "probe-io-uring"}, Cwd: ".", Timeout: 30 * time.Second, MaxOutput: 4 << 10})
 	out := strings.TrimSpace(string(res.Stdout))
 	switch {
 	case err != nil || res.ExitCode != 0:
 		return fmt.Sprintf("could not check whether sandboxes can use io_uring (%v, exit %d, %q)", err, res.ExitCode, out), true
 	case out == "allowed":
-		return "sandboxes can call io_uring_setup under " + profile + " (Docker before 25.0 allows io_uring, a frequent source of kernel exploits): " +
-			"use a newer engine, or start sandbox-mcp with --seccomp-profile examples/seccomp-no-io_uring.json (the engine's default profile without io_uring)", true
+		return "sandboxes can call io_uring_setup under " + v.profile + " (" + v.fix + ")", true
 	case strings.HasPrefix(out, "blocked: "):
-		return fmt.Sprintf("sandboxes cannot use io_uring under %s (io_uring_setup: %s)", profile, strings.TrimPrefix(out, "blocked: ")), false
+		return fmt.Sprintf("sandboxes cannot use io_uring under %s (io_uring_setup: %s)", v.profile, strings.TrimPrefix(out, "blocked: ")), false
 	default:
 		return fmt.Sprintf("could not check whether sandboxes can use io_uring: the probe answered %q", out), true
 	}
@@ -192,6 +237,14 @@ func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox
 	} else {
 		ok("sandbox hardening (docker inspect): init and agent as root with CAP_SETUID and CAP_SETGID only, no-new-privileges, read-only root, limits")
 	}
+	checkIdentities(ctx, sb, ok, warn, fail, true)
+}
+
+// checkIdentities looks from inside a sandbox at what a command runs as
+// and, with agentToo (the Docker backend, where the agent keeps uid 0 out
+// of the commands' reach), at what the agent runs as.
+func checkIdentities(ctx context.Context, sb *session.Sandbox, ok, warn, fail func(string, ...any), agentToo bool) {
+	uid, gid := session.DefaultUID, session.DefaultUID
 	res, err := sb.Exec(ctx, session.ExecRequest{
 		Argv: []string{"sh", "-c", "cat /proc/self/status; echo @@@; cat /proc/$PPID/status"},
 		Cwd:  ".", Timeout: 30 * time.Second, MaxOutput: 64 << 10,
@@ -201,12 +254,21 @@ func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox
 		return
 	}
 	cmdStatus, agentStatus, _ := strings.Cut(string(res.Stdout), "@@@\n")
-	p := append(engine.CommandStatusProblems([]byte(cmdStatus), uid, gid), engine.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
+	var p []string
+	if agentToo {
+		p = append(engine.CommandStatusProblems([]byte(cmdStatus), uid, gid), engine.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
+	} else {
+		p = engine.UnprivilegedCommandStatusProblems([]byte(cmdStatus), uid, gid)
+	}
 	for _, msg := range p {
 		fail("sandbox identities: %s", msg)
 	}
-	if len(p) == 0 {
+	switch {
+	case len(p) > 0:
+	case agentToo:
 		ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter; the agent keeps uid 0 as its real and saved uid, out of their reach", uid, gid)
+	default:
+		ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter", uid, gid)
 	}
 }
 

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
@@ -279,5 +282,75 @@ func TestKubeWarmPoolAndIdleReap(t *testing.T) {
 	}
 	if pods := k.pods(t, id); len(pods) != 1 {
 		t.Fatalf("pods of the restored sandbox: %v", pods)
+	}
+}
+
+// TestKubeDoctor: doctor with --backend kubernetes checks the cluster the
+// server would use (API server, namespace, permissions, a real sandbox pod's
+// hardening and identities) and leaves nothing behind; a missing namespace
+// and credentials without the server's permissions are FAILs that say what
+// to do.
+func TestKubeDoctor(t *testing.T) {
+	k := newKubeEnv(t)
+	doctor := func(args ...string) (string, error) {
+		cmd := exec.Command(bins.Server, append([]string{"doctor", "--image", testenv.TestImage(t), "--state-dir", t.TempDir()}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := doctor(k.args()...)
+	if err != nil {
+		t.Fatalf("doctor: %v\n%s", err, out)
+	}
+	t.Logf("doctor:\n%s", out)
+	for _, want := range []string{"ok    Kubernetes API server", "enforces Pod Security restricted", "ok    permissions in namespace " + k.ns,
+		"ok    sandbox runs commands", "ok    sandbox pod hardening", "ok    commands run as 1000:1000", "io_uring", "sandbox-mcp is ready."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "FAIL") {
+		t.Errorf("doctor failed a check:\n%s", out)
+	}
+	k.waitNoPods(t, "", 30*time.Second)
+	if leases, err := k.cs.CoordinationV1().Leases(k.ns).List(context.Background(), metav1.ListOptions{}); err != nil || len(leases.Items) != 0 {
+		t.Errorf("leases left by doctor: %v %v", leases, err)
+	}
+
+	// A namespace that does not exist.
+	args := k.args()
+	for i, a := range args {
+		if a == k.ns {
+			args[i] = "sbx-test-missing"
+		}
+	}
+	if out, err := doctor(args...); err == nil || !strings.Contains(out, "FAIL  namespace sbx-test-missing does not exist") {
+		t.Errorf("doctor in a missing namespace: %v\n%s", err, out)
+	}
+
+	// Credentials without the server's Role: a service account nothing is
+	// bound to, impersonated by the test node's admin.
+	cfg, err := clientcmd.LoadFromFile(k.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ai := range cfg.AuthInfos {
+		ai.Impersonate = "system:serviceaccount:" + k.ns + ":nobody"
+	}
+	weak := filepath.Join(t.TempDir(), "nobody.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, weak); err != nil {
+		t.Fatal(err)
+	}
+	args = k.args()
+	for i, a := range args {
+		if a == k.kubeconfig {
+			args[i] = weak
+		}
+	}
+	out, err = doctor(args...)
+	if err == nil || !strings.Contains(out, "FAIL  these credentials may not create pods") || !strings.Contains(out, "deploy/kubernetes/rbac.yaml") {
+		t.Errorf("doctor without permissions: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "ok    sandbox runs commands") {
+		t.Errorf("doctor went on to start a sandbox without permissions:\n%s", out)
 	}
 }

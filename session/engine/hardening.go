@@ -82,6 +82,18 @@ func procStatus(b []byte) map[string]string {
 // command group, no capability at all, no_new_privs set and a seccomp filter
 // on. It returns one sentence per difference.
 func CommandStatusProblems(status []byte, uid, gid int) []string {
+	return commandStatusProblems(status, uid, gid, true)
+}
+
+// UnprivilegedCommandStatusProblems is CommandStatusProblems for commands an
+// agent without privileges started (the Kubernetes backend's, where the pod
+// is the boundary): they have no group of their own, only the sandbox
+// user's.
+func UnprivilegedCommandStatusProblems(status []byte, uid, gid int) []string {
+	return commandStatusProblems(status, uid, gid, false)
+}
+
+func commandStatusProblems(status []byte, uid, gid int, ownGroup bool) []string {
 	st := procStatus(status)
 	var out []string
 	check := func(ok bool, format string, a ...any) {
@@ -93,8 +105,13 @@ func CommandStatusProblems(status []byte, uid, gid int) []string {
 	check(st["Uid"] == strings.Join([]string{u, u, u, u}, " "), "command uids are %q, want %s everywhere", st["Uid"], u)
 	check(st["Gid"] == strings.Join([]string{g, g, g, g}, " "), "command gids are %q, want %s everywhere", st["Gid"], g)
 	groups := strings.Fields(st["Groups"])
-	check(len(groups) == 2 && slices.Contains(groups, g) && !slices.Contains(groups, "0"),
-		"command groups are %q, want %s and the command's own group", st["Groups"], g)
+	if ownGroup {
+		check(len(groups) == 2 && slices.Contains(groups, g) && !slices.Contains(groups, "0"),
+			"command groups are %q, want %s and the command's own group", st["Groups"], g)
+	} else {
+		check(!slices.ContainsFunc(groups, func(x string) bool { return x != g }),
+			"command groups are %q, want %s at most", st["Groups"], g)
+	}
 	for _, c := range []string{"CapInh", "CapPrm", "CapEff", "CapAmb"} {
 		v, err := strconv.ParseUint(st[c], 16, 64)
 		check(err == nil && v == 0, "command %s is %q, want no capability", c, st[c])

@@ -88,6 +88,23 @@ func TestStatusProblems(t *testing.T) {
 			t.Errorf("command with %q: %q, want one problem about %s", tc.to, p, tc.found)
 		}
 	}
+	// Commands an unprivileged agent started (Kubernetes) have only the
+	// sandbox user's group; the other checks are the same.
+	pod := strings.Replace(commandStatus, "Groups:\t1000 2000000007 ", "Groups:\t1000 ", 1)
+	if p := UnprivilegedCommandStatusProblems([]byte(pod), 1000, 1000); len(p) != 0 {
+		t.Errorf("a hardened command in a pod: %v", p)
+	}
+	for _, tc := range []struct{ from, to, found string }{
+		{"Groups:\t1000 ", "Groups:\t0 1000 ", "groups"},
+		{"Groups:\t1000 ", "Groups:\t1000 27 ", "groups"},
+		{"CapEff:\t0000000000000000", "CapEff:\t0000000000000080", "CapEff"},
+		{"NoNewPrivs:\t1", "NoNewPrivs:\t0", "NoNewPrivs"},
+	} {
+		p := UnprivilegedCommandStatusProblems([]byte(strings.Replace(pod, tc.from, tc.to, 1)), 1000, 1000)
+		if len(p) != 1 || !strings.Contains(p[0], tc.found) {
+			t.Errorf("command in a pod with %q: %q, want one problem about %s", tc.to, p, tc.found)
+		}
+	}
 	for _, tc := range []struct{ from, to, found string }{
 		{"Uid:\t0\t1000\t0\t1000", "Uid:\t1000\t1000\t1000\t1000", "uids"}, // the sandbox user could signal it
 		{"Uid:\t0\t1000\t0\t1000", "Uid:\t0\t0\t0\t0", "uids"},
