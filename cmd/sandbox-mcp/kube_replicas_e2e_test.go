@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/image/testimage"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
 )
 
 // The Kubernetes test node (../shared/tools/k8s/k8s-node.sh).
@@ -242,15 +243,19 @@ func TestKubeReplicas(t *testing.T) {
 		t.Fatalf("the restored workspace: %v %v", out, err)
 	}
 
-	// B sweeps A's pod once A's lease has expired, and keeps its own.
+	// B sweeps A's pod once A's lease has expired, and keeps its own; the
+	// same sweep then deletes A's lease (a moment after the pods: the test
+	// waits for both, so that B's stop below cannot cut that sweep short).
 	deadline := time.Now().Add(4 * time.Minute)
+	leaseA := "lease.coordination.k8s.io/" + kube.LeaseName(instA)
 	for {
 		insts = instancesOf(sandboxPods(t, kc, ns))
-		if insts[instA] == 0 {
+		leases := mustKubeCtl(t, kc, "-n", ns, "get", "leases", "-o", "name")
+		if insts[instA] == 0 && !strings.Contains(leases, leaseA) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the dead server's pod is still there after 4 minutes: %v", insts)
+			t.Fatalf("the dead server's pod or lease is still there after 4 minutes: pods %v, leases %q", insts, leases)
 		}
 		time.Sleep(2 * time.Second)
 	}
