@@ -195,11 +195,17 @@ func dockerSeccomp(profileFile string) seccompView {
 	return v
 }
 
-// kubeSeccomp is the Kubernetes backend's view: pods use the node
-// runtime's default profile (RuntimeDefault), the only one Pod Security
-// "restricted" admits besides a node-local file.
-var kubeSeccomp = seccompView{profile: "the node runtime's RuntimeDefault seccomp profile",
-	fix: "io_uring is a frequent source of kernel exploits: run sandboxes under a runtime class with a kernel of its own (--runtime-class for gVisor or Kata), or on nodes whose container runtime's default profile refuses io_uring"}
+// kubeSeccomp is the Kubernetes backend's view: the node runtime's default
+// profile (RuntimeDefault), or the node-local profile given with
+// --seccomp-localhost-profile (the two Pod Security "restricted" admits).
+func kubeSeccomp(localhost string) seccompView {
+	if localhost != "" {
+		return seccompView{profile: "the node-local seccomp profile " + localhost,
+			fix: "io_uring is a frequent source of kernel exploits: remove io_uring_setup, io_uring_enter and io_uring_register from that profile on every node (examples/seccomp-no-io_uring.json shows how)"}
+	}
+	return seccompView{profile: "the node runtime's RuntimeDefault seccomp profile",
+		fix: "io_uring is a frequent source of kernel exploits: install a profile without it on every node and pass --seccomp-localhost-profile (examples/seccomp-no-io_uring.json is one), or run sandboxes under a runtime class with a kernel of its own (--runtime-class for gVisor or Kata)"}
+}
 
 // checkIOURing runs the agent's io_uring probe in a sandbox: io_uring has
 // been a rich source of kernel escapes, and many default seccomp profiles

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"path"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -32,6 +34,10 @@ type KubeConfig struct {
 	Namespace string
 	// RuntimeClass is every sandbox pod's runtimeClassName ("" default).
 	RuntimeClass string
+	// SeccompLocalhost is the sandbox containers' seccomp profile, a path
+	// under the kubelet's seccomp directory on every node ("" for the
+	// runtime's default).
+	SeccompLocalhost string
 	// AgentImage is the image the agent is copied from into each pod.
 	AgentImage string
 	// PullPolicy is the pods' image pull policy ("" is IfNotPresent).
@@ -49,6 +55,7 @@ func (f *flagSet) addKubeFlags(cfg *Config) {
 	fs.StringVar(&k.Kubeconfig, "kubeconfig", k.Kubeconfig, "kubeconfig `file` for --backend kubernetes (default: in-cluster, then $KUBECONFIG)")
 	fs.StringVar(&k.Namespace, "namespace", k.Namespace, "`namespace` of the sandbox pods, leases and network policies (--backend kubernetes)")
 	fs.StringVar(&k.RuntimeClass, "runtime-class", k.RuntimeClass, "runtimeClassName of sandbox pods, e.g. gvisor or kata (--backend kubernetes; default: the cluster's)")
+	fs.StringVar(&k.SeccompLocalhost, "seccomp-localhost-profile", k.SeccompLocalhost, "seccomp profile `path` of sandbox containers, relative to the kubelet's seccomp directory on every node, e.g. sandbox-mcp/no-io_uring.json (--backend kubernetes; default: the runtime's own, RuntimeDefault)")
 	fs.StringVar(&k.AgentImage, "agent-image", k.AgentImage, "`image` the agent is copied from into each pod (make k8s-images builds sandbox-mcp-agent:<hash>)")
 	fs.Var(&choice{v: &k.PullPolicy, allowed: []string{"", "Always", "IfNotPresent", "Never"}}, "pull-policy", "image pull `policy` of sandbox pods: Always, IfNotPresent (default) or Never")
 	fs.StringVar(&k.ProxyListen, "proxy-listen", k.ProxyListen, "`host:port` the egress proxy listens on for pods (--backend kubernetes with --network=allowlist)")
@@ -59,8 +66,8 @@ func (f *flagSet) addKubeFlags(cfg *Config) {
 func (c Config) validateKube() error {
 	k := c.Kube
 	if k.Backend != BackendKubernetes {
-		if k.Namespace != "" || k.AgentImage != "" || k.RuntimeClass != "" {
-			return errors.New("--namespace, --agent-image and --runtime-class need --backend kubernetes")
+		if k.Namespace != "" || k.AgentImage != "" || k.RuntimeClass != "" || k.SeccompLocalhost != "" {
+			return errors.New("--namespace, --agent-image, --runtime-class and --seccomp-localhost-profile need --backend kubernetes (with Docker, --seccomp-profile takes a profile file)")
 		}
 		return nil
 	}
@@ -71,8 +78,11 @@ func (c Config) validateKube() error {
 	if k.AgentImage == "" {
 		errs = append(errs, errors.New("--backend kubernetes needs --agent-image (make k8s-images prints the tag it built)"))
 	}
+	if s := k.SeccompLocalhost; s != "" && (path.IsAbs(s) || path.Clean(s) != s || s == ".." || strings.HasPrefix(s, "../")) {
+		errs = append(errs, fmt.Errorf("--seccomp-localhost-profile %q: want a clean path relative to the kubelet's seccomp directory, e.g. sandbox-mcp/no-io_uring.json", s))
+	}
 	if c.Runtime != "" || c.SeccompProfileFile != "" {
-		errs = append(errs, errors.New("--runtime and --seccomp-profile apply to Docker; with --backend kubernetes use --runtime-class (pods use the RuntimeDefault seccomp profile)"))
+		errs = append(errs, errors.New("--runtime and --seccomp-profile apply to Docker; with --backend kubernetes use --runtime-class and --seccomp-localhost-profile (a profile installed on every node)"))
 	}
 	if c.Policy.ReadOnly && c.WorkspaceFrom != "" {
 		errs = append(errs, errors.New("--read-only with --workspace-from is not supported with --backend kubernetes (the content cannot be baked into a pod's image)"))
@@ -113,12 +123,13 @@ func newKubeBackend(cfg Config, instance string, log *slog.Logger) (*kube.Backen
 		return nil, err
 	}
 	kc := kube.Config{
-		Namespace:    cfg.Kube.Namespace,
-		Instance:     instance,
-		AgentImage:   cfg.Kube.AgentImage,
-		PullPolicy:   corev1.PullPolicy(cfg.Kube.PullPolicy),
-		RuntimeClass: cfg.Kube.RuntimeClass,
-		Logger:       log,
+		Namespace:        cfg.Kube.Namespace,
+		Instance:         instance,
+		AgentImage:       cfg.Kube.AgentImage,
+		PullPolicy:       corev1.PullPolicy(cfg.Kube.PullPolicy),
+		RuntimeClass:     cfg.Kube.RuntimeClass,
+		SeccompLocalhost: cfg.Kube.SeccompLocalhost,
+		Logger:           log,
 	}
 	if cfg.Policy.Network == "allowlist" {
 		if kc.Proxy, err = advertisedProxy(cfg.Kube.ProxyAdvertise); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -353,4 +354,56 @@ func TestKubeDoctor(t *testing.T) {
 	if strings.Contains(out, "ok    sandbox runs commands") {
 		t.Errorf("doctor went on to start a sandbox without permissions:\n%s", out)
 	}
+}
+
+// TestKubeSeccompLocalhost: with --seccomp-localhost-profile the sandbox
+// container runs under a profile installed on the node (here the example
+// without io_uring), so io_uring_setup fails in the pod where the node
+// runtime's default allows it; a profile missing from the node is a start
+// failure that says so.
+func TestKubeSeccompLocalhost(t *testing.T) {
+	k := newKubeEnv(t)
+	// The kubelet's seccomp directory: its root directory is beside the
+	// test node's pki directory (../shared/tools/k8s/k8s-node.sh).
+	seccompDir := filepath.Join(filepath.Dir(filepath.Dir(k.kubeconfig)), "kubelet", "seccomp")
+	if _, err := os.Stat(filepath.Dir(seccompDir)); err != nil {
+		t.Skipf("the test node's kubelet directory is not on this machine (%v)", err)
+	}
+	rel := filepath.Join("sandbox-mcp-test-"+k.ns, "no-io_uring.json")
+	profile, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", "seccomp-no-io_uring.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(seccompDir, filepath.Dir(rel)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(seccompDir, filepath.Dir(rel))) })
+	if err := os.WriteFile(filepath.Join(seccompDir, rel), profile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	s := startServer(t, serverOpts{args: k.args("--seccomp-localhost-profile", rel)})
+	out := s.ok("sandbox_exec", map[string]any{"argv": []string{kube.AgentPath, "probe-io-uring"}})
+	if got := strings.TrimSpace(out["stdout"].(string)); got != "blocked: EPERM" {
+		t.Errorf("io_uring_setup under the node-local profile: %q, want blocked: EPERM", got)
+	}
+	pods, err := k.cs.CoreV1().Pods(k.ns).List(context.Background(), metav1.ListOptions{LabelSelector: kube.LabelSandbox + "=" + out["sandbox"].(string)})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the sandbox's pod: %v %v", pods, err)
+	}
+	if sp := pods.Items[0].Spec.Containers[0].SecurityContext.SeccompProfile; sp == nil || sp.LocalhostProfile == nil || *sp.LocalhostProfile != rel {
+		t.Errorf("the pod's seccomp profile: %+v", sp)
+	}
+	s.cs.Close()
+	k.waitNoPods(t, out["sandbox"].(string), 30*time.Second)
+
+	// A profile the node does not have: the pod cannot start, and the call
+	// says why rather than hanging.
+	missing := startServer(t, serverOpts{args: k.args("--seccomp-localhost-profile", "sandbox-mcp-test-missing/none.json")})
+	msg := missing.fails("sandbox_exec", map[string]any{"argv": []string{"true"}}, "UNAVAILABLE")
+	t.Logf("with a missing profile: %s", msg)
+	if !strings.Contains(msg, "seccomp") {
+		t.Errorf("a missing node-local profile: %s", msg)
+	}
+	k.waitNoPods(t, "", 60*time.Second)
 }

@@ -10,12 +10,12 @@ import (
 func TestKubeFlags(t *testing.T) {
 	env := envFrom(map[string]string{"HOME": "/home/u"})
 	cfg, err := ParseConfig([]string{"--backend", "kubernetes", "--namespace", "sbx", "--agent-image", "a:1",
-		"--runtime-class", "gvisor", "--pull-policy", "Never", "--kubeconfig", "/k"}, env)
+		"--runtime-class", "gvisor", "--pull-policy", "Never", "--kubeconfig", "/k", "--seccomp-localhost-profile", "sandbox-mcp/p.json"}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	k := cfg.Kube
-	if k.Backend != BackendKubernetes || k.Namespace != "sbx" || k.AgentImage != "a:1" || k.RuntimeClass != "gvisor" || k.PullPolicy != "Never" || k.Kubeconfig != "/k" {
+	if k.Backend != BackendKubernetes || k.Namespace != "sbx" || k.AgentImage != "a:1" || k.RuntimeClass != "gvisor" || k.PullPolicy != "Never" || k.Kubeconfig != "/k" || k.SeccompLocalhost != "sandbox-mcp/p.json" {
 		t.Errorf("%+v", k)
 	}
 	if d, _ := ParseConfig(nil, env); d.Kube.Backend != BackendDocker {
@@ -33,6 +33,9 @@ func TestKubeFlags(t *testing.T) {
 		{[]string{"--backend", "kubernetes", "--namespace", "n", "--agent-image", "a", "--network", "allowlist", "--allow-host", "x.org",
 			"--proxy-listen", ":3128", "--proxy-advertise", "proxy.local:3128"}, "IP address"},
 		{[]string{"--backend", "kubernetes", "--namespace", "n", "--agent-image", "a", "--runtime", "runsc"}, "--runtime-class"},
+		{[]string{"--seccomp-localhost-profile", "p.json"}, "need --backend kubernetes"},
+		{[]string{"--backend", "kubernetes", "--namespace", "n", "--agent-image", "a", "--seccomp-localhost-profile", "/var/lib/kubelet/seccomp/p.json"}, "relative to the kubelet's seccomp directory"},
+		{[]string{"--backend", "kubernetes", "--namespace", "n", "--agent-image", "a", "--seccomp-localhost-profile", "../p.json"}, "clean path"},
 	} {
 		_, err := ParseConfig(tc.args, env)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

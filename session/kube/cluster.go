@@ -58,6 +58,10 @@ type Config struct {
 	PullPolicy corev1.PullPolicy
 	// RuntimeClass is every pod's runtimeClassName ("" for the default).
 	RuntimeClass string
+	// SeccompLocalhost is the seccomp profile of every sandbox container, a
+	// path under the kubelet's seccomp directory on each node ("" for the
+	// runtime's default profile).
+	SeccompLocalhost string
 	// LeaseDuration; 0 means DefaultLeaseDuration.
 	LeaseDuration time.Duration
 	// StartTimeout; 0 means DefaultStartTimeout.
@@ -346,6 +350,9 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox
 	}
 	if p.PullPolicy == "" {
 		p.PullPolicy = c.cfg.PullPolicy
+	}
+	if p.SeccompLocalhost == "" {
+		p.SeccompLocalhost = c.cfg.SeccompLocalhost
 	}
 	if p.RuntimeClass == "" {
 		p.RuntimeClass = c.cfg.RuntimeClass

@@ -53,7 +53,9 @@ func PodProblems(p *corev1.Pod) []string {
 		if seccomp == nil && psc != nil {
 			seccomp = psc.SeccompProfile
 		}
-		check(seccomp != nil && seccomp.Type == corev1.SeccompProfileTypeRuntimeDefault, "container %s does not run under the RuntimeDefault seccomp profile", c.Name)
+		check(seccomp != nil && (seccomp.Type == corev1.SeccompProfileTypeRuntimeDefault ||
+			seccomp.Type == corev1.SeccompProfileTypeLocalhost && seccomp.LocalhostProfile != nil && *seccomp.LocalhostProfile != ""),
+			"container %s runs under neither the RuntimeDefault seccomp profile nor a node-local one", c.Name)
 		lim := c.Resources.Limits
 		check(!lim.Memory().IsZero() && !lim.Cpu().IsZero() && !lim.StorageEphemeral().IsZero(), "container %s lacks a memory, CPU or ephemeral-storage limit", c.Name)
 	}

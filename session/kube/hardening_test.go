@@ -40,7 +40,7 @@ func TestPodProblems(t *testing.T) {
 		{"seccomp", func(p *corev1.Pod) {
 			p.Spec.SecurityContext.SeccompProfile = nil
 			p.Spec.Containers[0].SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
-		}, "RuntimeDefault seccomp"},
+		}, "neither the RuntimeDefault seccomp profile nor a node-local one"},
 		{"no memory limit", func(p *corev1.Pod) { delete(p.Spec.Containers[0].Resources.Limits, corev1.ResourceMemory) }, "lacks a memory"},
 		{"agent writable", func(p *corev1.Pod) {
 			for i := range p.Spec.Containers[0].VolumeMounts {
@@ -62,5 +62,29 @@ func TestPodProblems(t *testing.T) {
 		if !strings.Contains(got, c.found) {
 			t.Errorf("%s: problems %q, want one naming %q", c.name, got, c.found)
 		}
+	}
+}
+
+// TestPodSeccompLocalhost: a node-local profile replaces RuntimeDefault on
+// the sandbox container only (the agent installer keeps the runtime's), and
+// the pod is still hardened.
+func TestPodSeccompLocalhost(t *testing.T) {
+	p := testParams()
+	p.SeccompLocalhost = "sandbox-mcp/no-io_uring.json"
+	pod := Pod(p)
+	sp := pod.Spec.Containers[0].SecurityContext.SeccompProfile
+	if sp == nil || sp.Type != corev1.SeccompProfileTypeLocalhost || sp.LocalhostProfile == nil || *sp.LocalhostProfile != p.SeccompLocalhost {
+		t.Fatalf("sandbox container's seccomp: %+v", sp)
+	}
+	if ip := pod.Spec.InitContainers[0].SecurityContext.SeccompProfile; ip.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("agent installer's seccomp: %+v", ip)
+	}
+	if probs := PodProblems(pod); len(probs) != 0 {
+		t.Errorf("a pod with a node-local profile: %q", probs)
+	}
+	empty := ""
+	pod.Spec.Containers[0].SecurityContext.SeccompProfile.LocalhostProfile = &empty
+	if probs := PodProblems(pod); len(probs) != 1 {
+		t.Errorf("a Localhost profile without a path: %q, want one problem", probs)
 	}
 }

@@ -78,6 +78,11 @@ type Params struct {
 	// the server's proxy only); "" means NetworkNone. The NetworkPolicies
 	// select pods by it.
 	Network string
+	// SeccompLocalhost, if set, is the sandbox container's seccomp profile:
+	// a file under the kubelet's seccomp directory on every node, in place
+	// of the runtime's default (RuntimeDefault). Pod Security "restricted"
+	// admits both.
+	SeccompLocalhost string
 	// RuntimeClass is the pod's runtimeClassName ("" for the cluster's
 	// default; "gvisor", "kata" where the cluster offers them).
 	RuntimeClass string
@@ -199,6 +204,11 @@ func Pod(p Params) *corev1.Pod {
 	if p.RuntimeClass != "" {
 		rc := p.RuntimeClass
 		pod.Spec.RuntimeClassName = &rc
+	}
+	if p.SeccompLocalhost != "" {
+		path := p.SeccompLocalhost
+		pod.Spec.Containers[0].SecurityContext.SeccompProfile = &corev1.SeccompProfile{
+			Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &path}
 	}
 	return pod
 }
