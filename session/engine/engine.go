@@ -127,6 +127,7 @@ func (d *Docker) Prepare(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with iptables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN, with iptables installed (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
 		}
+		fw.log = d.log
 		d.fw = fw
 	}
 	return nil

@@ -2,10 +2,12 @@ package engine
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coreos/go-iptables/iptables"
 )
@@ -33,7 +35,25 @@ type firewall struct {
 	// removers of one network in this process (a sandbox's removal and
 	// the shutdown) would race between them.
 	mu sync.Mutex
+	// want holds the rules of every network this server isolated and has
+	// not released, so that reconcile can put back what another program
+	// removed. A loop runs reconcile every reconcileEvery while want is
+	// not empty (running tells whether it runs).
+	want    map[string][][]string
+	running bool
+	// log gets a warning for every network whose rules had to be put back;
+	// nil discards.
+	log *slog.Logger
 }
+
+// reconcileEvery is how often the firewall checks that the rules of this
+// server's networks are all still there: a program that rewrites the whole
+// filter table (iptables-restore without --noflush, as kube-router does on
+// every policy sync; a firewalld reload) drops rules added while it worked,
+// which would leave a sandbox able to reach every port of this host. It is
+// the longest such a hole stays open; each check is one `iptables -S` of
+// the chain.
+const reconcileEvery = 2 * time.Second
 
 // newFirewall checks that iptables can be changed (root or CAP_NET_ADMIN)
 // and makes sure INPUT jumps to FirewallChain.
@@ -72,22 +92,106 @@ func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int
 	}
 }
 
-// isolate installs a network's rules.
+// isolate installs a network's rules, and keeps them there (reconcile)
+// until release.
 func (f *firewall) isolate(network, bridge string, gw, client netip.Addr, port int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, r := range f.rules(network, bridge, gw, client, port) {
+	rules := f.rules(network, bridge, gw, client, port)
+	for _, r := range rules {
 		if err := f.ipt.AppendUnique("filter", FirewallChain, r...); err != nil {
 			f.removeWhereLocked(func(comment string) bool { return comment == ruleComment(network) })
 			return fmt.Errorf("firewall: %w", err)
 		}
+	}
+	if f.want == nil {
+		f.want = map[string][][]string{}
+	}
+	f.want[network] = rules
+	if !f.running {
+		f.running = true
+		go f.keep()
 	}
 	return nil
 }
 
 // release removes every rule of a network.
 func (f *firewall) release(network string) error {
+	f.mu.Lock()
+	delete(f.want, network)
+	f.mu.Unlock()
 	return f.removeWhere(func(comment string) bool { return comment == ruleComment(network) })
+}
+
+// keep runs reconcile every reconcileEvery until no network is left.
+func (f *firewall) keep() {
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	for range t.C {
+		f.mu.Lock()
+		if len(f.want) == 0 {
+			f.running = false
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		if _, err := f.reconcile(); err != nil && f.log != nil {
+			f.log.Warn("firewall: check the rules", "err", err)
+		}
+	}
+}
+
+// reconcile puts back the rules of this server's networks that are no
+// longer in the chain, and returns the networks it mended.
+func (f *firewall) reconcile() ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.want) == 0 {
+		return nil, nil
+	}
+	listed, err := f.ipt.List("filter", FirewallChain)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]int{}
+	for _, r := range listed {
+		if c := ruleCommentOf(r); c != "" {
+			have[c]++
+		}
+	}
+	var mended []string
+	var firstErr error
+	for network, rules := range f.want {
+		if have[ruleComment(network)] >= len(rules) {
+			continue // more is a copy a table rewriter put back: harmless
+		}
+		// The whole set goes in again at the end of the chain, in order (a
+		// missing ACCEPT appended after the REJECTs would come too late),
+		// before the rules still there are deleted: iptables -D deletes the
+		// first match, the older copy. There is no moment without rules.
+		var present [][]string
+		for _, r := range rules {
+			if ok, err := f.ipt.Exists("filter", FirewallChain, r...); err == nil && ok {
+				present = append(present, r)
+			}
+		}
+		for _, r := range rules {
+			if err := f.ipt.Append("filter", FirewallChain, r...); err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("firewall: put back the rules of %s: %w", network, err)
+			}
+		}
+		for _, r := range present {
+			if err := f.ipt.Delete("filter", FirewallChain, r...); err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("firewall: put back the rules of %s: %w", network, err)
+			}
+		}
+		mended = append(mended, network)
+		if f.log != nil {
+			f.log.Warn("firewall: another program removed rules of a sandbox network; put them back", "network", network,
+				"rules_found", have[ruleComment(network)], "rules", len(rules))
+		}
+	}
+	return mended, firstErr
 }
 
 // removeWhere deletes the chain's rules whose comment matches, and lists

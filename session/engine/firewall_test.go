@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/moby/moby/client"
 
@@ -50,11 +52,47 @@ func liveNetwork(t *testing.T, name string) {
 
 func rulesOf(t *testing.T, network string) int {
 	t.Helper()
+	return len(listRules(t, network))
+}
+
+// listRules returns a network's rules as iptables -S prints them, in the
+// chain's order.
+func listRules(t *testing.T, network string) []string {
+	t.Helper()
 	out, err := exec.Command("iptables", "-S", FirewallChain).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(out), `"`+ruleComment(network)+`"`)
+	var rules []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, `"`+ruleComment(network)+`"`) {
+			rules = append(rules, line)
+		}
+	}
+	return rules
+}
+
+// waitRules waits until the network has want rules. Another program on
+// this machine may rewrite the filter table meanwhile (the test node's
+// kube-router does, on every policy change) and drop a rule just added or
+// bring back one just deleted: the firewall puts missing rules back
+// (reconcile), and fix, if not nil, is called between looks.
+func waitRules(t *testing.T, network string, want int, fix func()) {
+	t.Helper()
+	deadline := time.Now().Add(4 * reconcileEvery)
+	for {
+		n := rulesOf(t, network)
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rules of %s, want %d", n, network, want)
+		}
+		if fix != nil {
+			fix()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestFirewallReleaseTwiceAtOnce: two removers of one network's rules at
@@ -67,9 +105,7 @@ func TestFirewallReleaseTwiceAtOnce(t *testing.T) {
 		if err := fw.isolate(network, "sbx-fwtest", gw, gw.Next(), 40000+round); err != nil {
 			t.Fatal(err)
 		}
-		if n := rulesOf(t, network); n != 4 {
-			t.Fatalf("%d rules, want 4", n)
-		}
+		waitRules(t, network, 4, nil)
 		var wg sync.WaitGroup
 		errs := make([]error, 4)
 		for i := range errs {
@@ -81,10 +117,59 @@ func TestFirewallReleaseTwiceAtOnce(t *testing.T) {
 				t.Fatalf("round %d: %v", round, err)
 			}
 		}
-		if n := rulesOf(t, network); n != 0 {
-			t.Fatalf("%d rules left", n)
+		waitRules(t, network, 0, func() { fw.release(network) })
+	}
+}
+
+// TestFirewallPutsBackRemovedRules: rules of a sandbox network that another
+// program deleted (a table rewriter, a firewalld reload) come back within
+// reconcileEvery, in their order (the proxy's ACCEPT before the REJECTs),
+// without a moment in which none is there; released networks' rules do not.
+func TestFirewallPutsBackRemovedRules(t *testing.T) {
+	fw, network := testFirewall(t)
+	gw := netip.MustParseAddr("192.0.2.1")
+	if err := fw.isolate(network, "sbx-fwtest3", gw, gw.Next(), 40200); err != nil {
+		t.Fatal(err)
+	}
+	waitRules(t, network, 4, nil)
+	want := listRules(t, network)
+	drop := func(rule string) {
+		t.Helper()
+		args := append([]string{"-D"}, strings.Fields(strings.TrimPrefix(rule, "-A "))...)
+		for i, a := range args {
+			args[i] = strings.Trim(a, `"`)
+		}
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables %q: %v %s", args, err, out)
 		}
 	}
+	// The ACCEPT and one REJECT go; reconcile puts both back, in order.
+	drop(want[0])
+	drop(want[2])
+	mended, err := fw.reconcile()
+	if err != nil || len(mended) != 1 || mended[0] != network {
+		t.Fatalf("reconcile: %v %v", mended, err)
+	}
+	if got := listRules(t, network); !slices.Equal(got, want) {
+		t.Fatalf("after reconcile:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Without a call: the firewall's own loop does it.
+	drop(want[1])
+	deadline := time.Now().Add(3 * reconcileEvery)
+	for !slices.Equal(listRules(t, network), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("rules not put back within %v: %q", 3*reconcileEvery, listRules(t, network))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Released, they stay gone.
+	if err := fw.release(network); err != nil {
+		t.Fatal(err)
+	}
+	if mended, err := fw.reconcile(); err != nil || len(mended) != 0 {
+		t.Fatalf("reconcile after release: %v %v", mended, err)
+	}
+	waitRules(t, network, 0, func() { fw.release(network) })
 }
 
 // TestFirewallSweepSparesNewNetworks: a network made while a sweep runs
