@@ -139,7 +139,7 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 	if sb == nil {
 		return
 	}
-	checkHardening(ctx, cli, sb, ok, warn, fail)
+	checkHardening(ctx, cli, sb, r)
 	m.Release("doctor")
 }
 
@@ -229,34 +229,34 @@ func checkIOURing(ctx context.Context, sb *session.Sandbox, agentPath string, v 
 
 // checkHardening checks a running sandbox: its container as the engine
 // reports it, and what a command and the agent run as, seen from inside.
-func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox, ok, warn, fail func(string, ...any)) {
+func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox, r *report) {
 	uid, gid := session.DefaultUID, session.DefaultUID
 	insp, err := cli.ContainerInspect(ctx, sb.ContainerID(), client.ContainerInspectOptions{})
 	if err != nil {
-		fail("inspect the sandbox container: %v", err)
+		r.fail("inspect the sandbox container: %v", err)
 		return
 	}
 	if p := engine.HardeningProblems(insp.Container, uid, gid); len(p) > 0 {
 		for _, msg := range p {
-			fail("sandbox hardening: %s", msg)
+			r.fail("sandbox hardening: %s", msg)
 		}
 	} else {
-		ok("sandbox hardening (docker inspect): init and agent as root with CAP_SETUID and CAP_SETGID only, no-new-privileges, read-only root, limits")
+		r.ok("sandbox hardening (docker inspect): init and agent as root with CAP_SETUID and CAP_SETGID only, no-new-privileges, read-only root, limits")
 	}
-	checkIdentities(ctx, sb, ok, warn, fail, true)
+	checkIdentities(ctx, sb, r, true)
 }
 
 // checkIdentities looks from inside a sandbox at what a command runs as
 // and, with agentToo (the Docker backend, where the agent keeps uid 0 out
 // of the commands' reach), at what the agent runs as.
-func checkIdentities(ctx context.Context, sb *session.Sandbox, ok, warn, fail func(string, ...any), agentToo bool) {
+func checkIdentities(ctx context.Context, sb *session.Sandbox, r *report, agentToo bool) {
 	uid, gid := session.DefaultUID, session.DefaultUID
 	res, err := sb.Exec(ctx, session.ExecRequest{
 		Argv: []string{"sh", "-c", "cat /proc/self/status; echo @@@; cat /proc/$PPID/status"},
 		Cwd:  ".", Timeout: 30 * time.Second, MaxOutput: 64 << 10,
 	})
 	if err != nil || res.ExitCode != 0 {
-		warn("cannot check what commands run as (the image needs sh and cat): %v %s", err, strings.TrimSpace(string(res.Stderr)))
+		r.warn("cannot check what commands run as (the image needs sh and cat): %v %s", err, strings.TrimSpace(string(res.Stderr)))
 		return
 	}
 	cmdStatus, agentStatus, _ := strings.Cut(string(res.Stdout), "@@@\n")
@@ -267,14 +267,14 @@ func checkIdentities(ctx context.Context, sb *session.Sandbox, ok, warn, fail fu
 		p = engine.UnprivilegedCommandStatusProblems([]byte(cmdStatus), uid, gid)
 	}
 	for _, msg := range p {
-		fail("sandbox identities: %s", msg)
+		r.fail("sandbox identities: %s", msg)
 	}
 	switch {
 	case len(p) > 0:
 	case agentToo:
-		ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter; the agent keeps uid 0 as its real and saved uid, out of their reach", uid, gid)
+		r.ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter; the agent keeps uid 0 as its real and saved uid, out of their reach", uid, gid)
 	default:
-		ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter", uid, gid)
+		r.ok("commands run as %d:%d with no capability, no_new_privs and a seccomp filter", uid, gid)
 	}
 }
 

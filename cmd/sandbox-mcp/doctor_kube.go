@@ -88,6 +88,6 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 	if pod != nil && pod.Spec.RuntimeClassName != nil {
 		r.ok("sandbox pods run under runtime class %s", *pod.Spec.RuntimeClassName)
 	}
-	checkIdentities(ctx, sb, r.ok, r.warn, r.fail, false)
+	checkIdentities(ctx, sb, r, false)
 	m.Release("doctor")
 }
