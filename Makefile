@@ -14,9 +14,9 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: setup
-setup: ## install what the image build and the tests need (Debian: debootstrap, busybox-static, iptables)
-	@command -v debootstrap >/dev/null && command -v busybox >/dev/null && command -v iptables >/dev/null || \
-		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap busybox-static iptables; }
+setup: ## install what the image build and the tests need (Debian: debootstrap, busybox-static, nftables)
+	@command -v debootstrap >/dev/null && command -v busybox >/dev/null && command -v nft >/dev/null || \
+		{ apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap busybox-static nftables; }
 	@docker version >/dev/null 2>&1 || { echo "The Docker engine is not reachable: start it (systemctl start docker) or set DOCKER_HOST." >&2; exit 1; }
 
 .PHONY: build

@@ -176,7 +176,7 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 	if _, err := testenv.Engine(t).NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{}); !isGone(err) {
 		t.Fatalf("network %s left after the sandbox: %v", netName, err)
 	}
-	rules, _ := exec.Command("iptables", "-S", engine.FirewallChain).Output()
+	rules, _ := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).Output()
 	if strings.Contains(string(rules), netName) {
 		t.Fatalf("firewall rules left:\n%s", rules)
 	}
@@ -280,9 +280,8 @@ func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
 
 	// The firewall resets the listener's port to every interface but the
 	// sandbox's bridge; the proxy itself serves the sandbox's address only.
-	rules, _ := exec.Command("iptables", "-S", engine.FirewallChain).Output()
-	if !regexp.MustCompile(`! -i sbx-\S+ -p tcp -m tcp --dport `+port+` .*-j REJECT`).Match(rules) &&
-		!regexp.MustCompile(`-d `+host+`/32 ! -i sbx-\S+ -p tcp -m tcp --dport `+port+` .*-j REJECT`).Match(rules) {
+	rules, _ := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).Output()
+	if !regexp.MustCompile(`iifname != "sbx-\S+" ip daddr ` + regexp.QuoteMeta(host) + ` tcp dport ` + port + ` reject with tcp reset`).Match(rules) {
 		t.Errorf("no rule keeps other interfaces off the proxy's port %s:\n%s", port, rules)
 	}
 

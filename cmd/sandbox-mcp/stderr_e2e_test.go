@@ -114,9 +114,9 @@ func (s *pipedServer) networks() []string {
 
 // firewallRules returns the firewall rules that name network.
 func firewallRules(t *testing.T, network string) []string {
-	out, err := exec.Command("iptables", "-S", engine.FirewallChain).Output()
-	if err != nil {
-		t.Fatalf("iptables -S %s: %v", engine.FirewallChain, err)
+	out, err := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "No such file") {
+		t.Fatalf("nft list table inet %s: %v %s", engine.FirewallTable, err, out)
 	}
 	var rules []string
 	for _, l := range strings.Split(string(out), "\n") {

@@ -3,7 +3,7 @@
 // Docker: the engine calls the server makes, behind the narrow interface
 // Engine; the hardened container spec (a pure function, tested field by
 // field); the runtime image (a base image plus the agent); each sandbox's
-// internal network with the egress proxy on its gateway and the iptables
+// internal network with the egress proxy on its gateway and the nftables
 // rules that keep it off the host; the labels on every object; and the
 // sweep of what a server that is gone left behind.
 //
@@ -125,7 +125,7 @@ func (d *Docker) Prepare(ctx context.Context) error {
 	if d.cfg.Egress {
 		fw, err := newFirewall()
 		if err != nil {
-			return fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with iptables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN, with iptables installed (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
+			return fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with nftables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN on a kernel with nftables (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
 		}
 		fw.log = d.log
 		d.fw = fw

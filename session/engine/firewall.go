@@ -1,20 +1,39 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/coreos/go-iptables/iptables"
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
 )
 
-// FirewallChain is the iptables chain (filter table) that holds the rules
-// keeping sandboxes off the host. INPUT jumps to it first.
-const FirewallChain = "SANDBOX-MCP"
+// FirewallTable is the nftables table (family inet) that holds the rules
+// keeping sandboxes off the host, in its chain FirewallChain, a base chain
+// on the input hook.
+//
+// The table is this program's alone. The rules used to live in a chain of
+// iptables' filter table, which other programs rewrite whole
+// (iptables-restore without --noflush, as kube-router does on every policy
+// sync; a firewalld reload): a rewrite that saved the table before a rule
+// was added and restored it after drops the rule, one that saved it before
+// a rule was deleted brings it back, and a sandbox's isolation depended on
+// who won the race. Such rewrites touch only the tables they restore; no
+// program but this one writes to FirewallTable. A reject in any base chain
+// of the hook is final, whatever other tables (iptables' among them) then
+// accept, so the table needs no place in anyone else's chains.
+const (
+	FirewallTable = "sandbox-mcp"
+	FirewallChain = "input"
+)
 
 // firewall keeps a sandbox network's containers away from every port of the
 // host but the egress proxy's, and the proxy's listener away from everyone
@@ -22,24 +41,26 @@ const FirewallChain = "SANDBOX-MCP"
 // address on the network's bridge, and anything listening on it (or on
 // 0.0.0.0) would be reachable from the sandbox: the MCP HTTP port, a DNS
 // forwarder, sshd. The rules match packets arriving on the sandbox's
-// bridge: TCP from the sandbox's address to the proxy's address and port is
-// accepted; other TCP is reset and everything else refused, so a wrong door
-// fails at once instead of timing out. And TCP to the proxy's address and
-// port that arrives on any other interface (a container on docker0 or on
-// another network, a process of the host) is reset: the listener, and the
-// allowlist behind it, are the sandbox's alone.
+// bridge: TCP from the sandbox's address to the proxy's address and port
+// passes; other TCP is reset and everything else (IPv6 too) refused, so a
+// wrong door fails at once instead of timing out. And TCP to the proxy's
+// address and port that arrives on any other interface (a container on
+// docker0 or on another network, a process of the host) is reset: the
+// listener, and the allowlist behind it, are the sandbox's alone.
+//
+// A network's rules go in and out in one netlink batch, which the kernel
+// applies as one transaction: there is no moment with some of them.
 type firewall struct {
-	ipt *iptables.IPTables
-	// mu serialises this server's changes to the chain. iptables locks
-	// each command, but a delete checks and then deletes in two: two
-	// removers of one network in this process (a sandbox's removal and
-	// the shutdown) would race between them.
+	table *nftables.Table
+	chain *nftables.Chain
+	// mu serialises this server's changes to the chain.
 	mu sync.Mutex
 	// want holds the rules of every network this server isolated and has
 	// not released, so that reconcile can put back what another program
-	// removed. A loop runs reconcile every reconcileEvery while want is
-	// not empty (running tells whether it runs).
-	want    map[string][][]string
+	// removed (an `nft flush ruleset`, a table deleted by hand). A loop
+	// runs reconcile every reconcileEvery while want is not empty (running
+	// tells whether it runs).
+	want    map[string][]*nftables.Rule
 	running bool
 	// log gets a warning for every network whose rules had to be put back;
 	// nil discards.
@@ -47,48 +68,108 @@ type firewall struct {
 }
 
 // reconcileEvery is how often the firewall checks that the rules of this
-// server's networks are all still there: a program that rewrites the whole
-// filter table (iptables-restore without --noflush, as kube-router does on
-// every policy sync; a firewalld reload) drops rules added while it worked,
-// which would leave a sandbox able to reach every port of this host. It is
-// the longest such a hole stays open; each check is one `iptables -S` of
-// the chain.
+// server's networks are all still there. No program but this one writes to
+// its table, but one may remove every table (`nft flush ruleset`, as a
+// reload of a host's nftables.conf does). It is the longest such a hole
+// stays open; each check is one netlink dump of the chain.
 const reconcileEvery = 2 * time.Second
 
-// newFirewall checks that iptables can be changed (root or CAP_NET_ADMIN)
-// and makes sure INPUT jumps to FirewallChain.
-func newFirewall() (*firewall, error) {
-	ipt, err := iptables.New(iptables.Timeout(10))
+// newFirewall checks that nftables can be changed (root or CAP_NET_ADMIN)
+// and makes sure FirewallTable and its chain exist.
+func newFirewall() (*firewall, error) { return newFirewallIn(FirewallTable) }
+
+// newFirewallIn is newFirewall with a table of that name (tests use one
+// of their own).
+func newFirewallIn(table string) (*firewall, error) {
+	f := &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}}
+	accept := nftables.ChainPolicyAccept
+	f.chain = &nftables.Chain{
+		Name:     FirewallChain,
+		Table:    f.table,
+		Type:     nftables.ChainTypeFilter,
+		Hooknum:  nftables.ChainHookInput,
+		Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 10),
+		Policy:   &accept,
+	}
+	c, err := nftables.New()
 	if err != nil {
 		return nil, err
 	}
-	ok, err := ipt.ChainExists("filter", FirewallChain)
-	if err != nil {
-		return nil, err
+	f.addTable(c)
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("nftables: make table inet %s: %w", table, err)
 	}
-	if !ok {
-		if err := ipt.NewChain("filter", FirewallChain); err != nil {
-			return nil, err
-		}
-	}
-	jump := []string{"-m", "comment", "--comment", "sandbox-mcp", "-j", FirewallChain}
-	if err := ipt.InsertUnique("filter", "INPUT", 1, jump...); err != nil {
-		return nil, err
-	}
-	return &firewall{ipt: ipt}, nil
+	return f, nil
+}
+
+// addTable queues the table and its chain; both are kept if they exist.
+func (f *firewall) addTable(c *nftables.Conn) {
+	c.AddTable(f.table)
+	c.AddChain(f.chain)
 }
 
 // comment tags every rule of one network, so rules can be found again.
 func ruleComment(network string) string { return "sandbox-mcp:" + network }
 
-func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int) [][]string {
-	c := []string{"-m", "comment", "--comment", ruleComment(network)}
-	proxy := []string{"-p", "tcp", "-d", gw.String(), "--dport", strconv.Itoa(port)}
-	return [][]string{
-		append(append([]string{"-i", bridge, "-s", client.String()}, proxy...), append(c, "-j", "ACCEPT")...),
-		append([]string{"-i", bridge, "-p", "tcp"}, append(c, "-j", "REJECT", "--reject-with", "tcp-reset")...),
-		append([]string{"-i", bridge}, append(c, "-j", "REJECT", "--reject-with", "icmp-port-unreachable")...),
-		append(append([]string{"!", "-i", bridge}, proxy...), append(c, "-j", "REJECT", "--reject-with", "tcp-reset")...),
+// ruleCommentOf returns a rule's comment, or "".
+func ruleCommentOf(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// ifname is an interface name as the kernel compares it: NUL-padded to
+// IFNAMSIZ.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+// rules returns a network's four rules, in order (the proxy's accept before
+// the rejects).
+func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int) []*nftables.Rule {
+	iif := func(op expr.CmpOp) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: op, Register: 1, Data: ifname(bridge)},
+		}
+	}
+	ipv4 := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+	addr := func(offset uint32, a netip.Addr) []expr.Any {
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()},
+		}
+	}
+	tcp := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+	}
+	dport := []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(port))},
+	}
+	reset := &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
+	refuse := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}
+	join := func(parts ...[]expr.Any) []expr.Any {
+		var all []expr.Any
+		for _, p := range parts {
+			all = append(all, p...)
+		}
+		return all
+	}
+	rule := func(e []expr.Any) *nftables.Rule {
+		return &nftables.Rule{Table: f.table, Chain: f.chain, Exprs: e,
+			UserData: userdata.AppendString(nil, userdata.TypeComment, ruleComment(network))}
+	}
+	return []*nftables.Rule{
+		rule(join(iif(expr.CmpOpEq), ipv4, addr(12, client), addr(16, gw), tcp, dport, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})),
+		rule(join(iif(expr.CmpOpEq), tcp, []expr.Any{reset})),
+		rule(join(iif(expr.CmpOpEq), []expr.Any{refuse})),
+		rule(join(iif(expr.CmpOpNeq), ipv4, addr(16, gw), tcp, dport, []expr.Any{reset})),
 	}
 }
 
@@ -98,14 +179,19 @@ func (f *firewall) isolate(network, bridge string, gw, client netip.Addr, port i
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rules := f.rules(network, bridge, gw, client, port)
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("firewall: %w", err)
+	}
+	f.addTable(c) // a table someone removed comes back with the rules
 	for _, r := range rules {
-		if err := f.ipt.AppendUnique("filter", FirewallChain, r...); err != nil {
-			f.removeWhereLocked(func(comment string) bool { return comment == ruleComment(network) })
-			return fmt.Errorf("firewall: %w", err)
-		}
+		c.AddRule(r)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("firewall: %w", err)
 	}
 	if f.want == nil {
-		f.want = map[string][][]string{}
+		f.want = map[string][]*nftables.Rule{}
 	}
 	f.want[network] = rules
 	if !f.running {
@@ -118,9 +204,9 @@ func (f *firewall) isolate(network, bridge string, gw, client netip.Addr, port i
 // release removes every rule of a network.
 func (f *firewall) release(network string) error {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.want, network)
-	f.mu.Unlock()
-	return f.removeWhere(func(comment string) bool { return comment == ruleComment(network) })
+	return f.removeWhereLocked(func(r *nftables.Rule) bool { return ruleCommentOf(r) == ruleComment(network) })
 }
 
 // keep runs reconcile every reconcileEvery until no network is left.
@@ -141,140 +227,118 @@ func (f *firewall) keep() {
 	}
 }
 
+// list returns the chain's rules; a table or chain that is gone has none.
+func (f *firewall) list() ([]*nftables.Rule, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	rules, err := c.GetRules(f.table, f.chain)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	return rules, err
+}
+
 // reconcile puts back the rules of this server's networks that are no
-// longer in the chain, and returns the networks it mended.
+// longer all in the chain, and returns the networks it mended. Nothing
+// but a removal changes the table (no other program writes to it), so a
+// network with all its rules has them in order; one with fewer has what
+// is left deleted and the whole set added again, in one transaction.
 func (f *firewall) reconcile() ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.want) == 0 {
 		return nil, nil
 	}
-	listed, err := f.ipt.List("filter", FirewallChain)
+	listed, err := f.list()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("firewall: list the rules: %w", err)
 	}
-	have := map[string]int{}
+	have := map[string][]*nftables.Rule{}
 	for _, r := range listed {
 		if c := ruleCommentOf(r); c != "" {
-			have[c]++
+			have[c] = append(have[c], r)
 		}
 	}
 	var mended []string
 	var firstErr error
 	for network, rules := range f.want {
-		if have[ruleComment(network)] >= len(rules) {
-			continue // more is a copy a table rewriter put back: harmless
+		present := have[ruleComment(network)]
+		if len(present) == len(rules) {
+			continue
 		}
-		// The whole set goes in again at the end of the chain, in order (a
-		// missing ACCEPT appended after the REJECTs would come too late),
-		// before the rules still there are deleted: iptables -D deletes the
-		// first match, the older copy. There is no moment without rules.
-		var present [][]string
-		for _, r := range rules {
-			if ok, err := f.ipt.Exists("filter", FirewallChain, r...); err == nil && ok {
-				present = append(present, r)
-			}
+		c, err := nftables.New()
+		if err != nil {
+			return mended, err
 		}
-		for _, r := range rules {
-			if err := f.ipt.Append("filter", FirewallChain, r...); err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("firewall: put back the rules of %s: %w", network, err)
-			}
-		}
+		f.addTable(c)
 		for _, r := range present {
-			if err := f.ipt.Delete("filter", FirewallChain, r...); err != nil && firstErr == nil {
+			if err := c.DelRule(r); err != nil {
+				return mended, err
+			}
+		}
+		for _, r := range rules {
+			c.AddRule(r)
+		}
+		if err := c.Flush(); err != nil {
+			if firstErr == nil {
 				firstErr = fmt.Errorf("firewall: put back the rules of %s: %w", network, err)
 			}
+			continue
 		}
 		mended = append(mended, network)
 		if f.log != nil {
 			f.log.Warn("firewall: another program removed rules of a sandbox network; put them back", "network", network,
-				"rules_found", have[ruleComment(network)], "rules", len(rules))
+				"rules_found", len(present), "rules", len(rules))
 		}
 	}
 	return mended, firstErr
 }
 
-// removeWhere deletes the chain's rules whose comment matches, and lists
-// the chain again to make sure: another process (a second server's sweep)
-// may change it at the same time, and what it lists is what counts.
-func (f *firewall) removeWhere(match func(comment string) bool) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.removeWhereLocked(match)
-}
-
-func (f *firewall) removeWhereLocked(match func(comment string) bool) error {
+// removeWhereLocked deletes the chain's rules that match, in one
+// transaction, and lists the chain again to make sure. Another server (its
+// sweep, or its removal of a network this one swept) may delete one of
+// them first: the transaction then fails as a whole, and the next attempt
+// deletes what is left.
+func (f *firewall) removeWhereLocked(match func(r *nftables.Rule) bool) error {
 	const attempts = 3
 	var err error
 	for range attempts {
-		rules, lerr := f.ipt.List("filter", FirewallChain)
+		rules, lerr := f.list()
 		if lerr != nil {
-			return lerr
+			return fmt.Errorf("firewall: list the rules: %w", lerr)
 		}
-		left := 0
+		c, cerr := nftables.New()
+		if cerr != nil {
+			return cerr
+		}
+		n := 0
 		for _, r := range rules {
-			if c := ruleCommentOf(r); c != "" && match(c) {
-				left++
+			if match(r) {
+				if err := c.DelRule(r); err != nil {
+					return err
+				}
+				n++
 			}
 		}
-		if left == 0 {
+		if n == 0 {
 			return nil
 		}
-		err = f.remove(rules, match)
-	}
-	if err == nil {
-		err = fmt.Errorf("firewall: rules still in %s after %d attempts to delete them", FirewallChain, attempts)
-	}
-	return err
-}
-
-// remove deletes those of rules (as iptables -S lists them) whose comment
-// matches. Another server's sweep may delete the same rule at the same
-// time (between iptables' check and its delete): a rule that is gone is
-// what was wanted, so that is no error.
-func (f *firewall) remove(rules []string, match func(comment string) bool) error {
-	var firstErr error
-	for _, r := range rules {
-		comment := ruleCommentOf(r)
-		if comment == "" || !match(comment) {
-			continue
-		}
-		spec := strings.Fields(strings.TrimPrefix(r, "-A "+FirewallChain+" "))
-		for i, w := range spec { // iptables -S quotes comments with spaces; ours have none
-			spec[i] = strings.Trim(w, `"`)
-		}
-		err := f.ipt.DeleteIfExists("filter", FirewallChain, spec...)
-		if err != nil {
-			if ok, cerr := f.ipt.Exists("filter", FirewallChain, spec...); cerr == nil && !ok {
-				continue // deleted by someone else meanwhile
-			}
-			if firstErr == nil {
-				firstErr = err
-			}
+		if err = c.Flush(); err == nil {
+			return nil
 		}
 	}
-	return firstErr
-}
-
-// ruleCommentOf returns the --comment value of a rule as iptables -S prints
-// it, or "".
-func ruleCommentOf(rule string) string {
-	f := strings.Fields(rule)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "--comment" {
-			return strings.Trim(f[i+1], `"`)
-		}
-	}
-	return ""
+	return fmt.Errorf("firewall: rules still in table inet %s after %d attempts to delete them: %w", f.table.Name, attempts, err)
 }
 
 // sweep removes the rules of networks that no longer exist. The rules are
-// listed before live lists the networks: a network made after the rules
-// were listed (another server's new sandbox) then has no rule in the list,
-// whereas one listed the other way round would look rule-less and lose
-// its isolation to this sweep.
+// listed before live lists the networks, and only rules so listed go: a
+// network made after the rules were listed (another server's new sandbox)
+// has none among them, whereas one listed the other way round would look
+// rule-less and lose its isolation to this sweep.
 func (f *firewall) sweep(live func() (map[string]bool, error)) error {
-	rules, err := f.ipt.List("filter", FirewallChain)
+	rules, err := f.list()
 	if err != nil {
 		return err
 	}
@@ -282,10 +346,19 @@ func (f *firewall) sweep(live func() (map[string]bool, error)) error {
 	if err != nil {
 		return err
 	}
+	stale := map[uint64]string{} // handle → comment
+	for _, r := range rules {
+		if network, ok := strings.CutPrefix(ruleCommentOf(r), "sandbox-mcp:"); ok && !names[network] {
+			stale[r.Handle] = ruleCommentOf(r)
+		}
+	}
+	if len(stale) == 0 {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.remove(rules, func(comment string) bool {
-		network, ok := strings.CutPrefix(comment, "sandbox-mcp:")
-		return ok && !names[network]
+	return f.removeWhereLocked(func(r *nftables.Rule) bool {
+		c, ok := stale[r.Handle]
+		return ok && c == ruleCommentOf(r)
 	})
 }

@@ -1,115 +1,132 @@
 package engine
 
 import (
-	"context"
 	"crypto/rand"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/moby/moby/client"
-
-	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
-// testFirewall returns the real firewall, or skips where iptables cannot
-// be changed. The rules a test makes name a network of its own.
+// testFirewall returns a real firewall in an nftables table of the test's
+// own (removed at the end), or skips where nftables cannot be changed.
+// Its rules name a network of the test's own.
 func testFirewall(t *testing.T) (*firewall, string) {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("changes iptables")
+		t.Skip("changes nftables")
 	}
-	fw, err := newFirewall()
+	suffix := strings.ToLower(rand.Text()[:10])
+	table := "sandbox-mcp-test-" + suffix
+	fw, err := newFirewallIn(table)
 	if err != nil {
-		t.Skipf("iptables: %v", err)
+		t.Skipf("nftables: %v", err)
 	}
-	network := "sandbox-mcp-fwtest-" + strings.ToLower(rand.Text()[:10])
-	t.Cleanup(func() { fw.release(network) })
-	liveNetwork(t, network)
-	return fw, network
+	t.Cleanup(func() {
+		fw.mu.Lock()
+		fw.want = nil // ends the loop at its next tick
+		fw.mu.Unlock()
+		if out, err := exec.Command("nft", "delete", "table", "inet", table).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
+			t.Errorf("nft delete table: %v %s", err, out)
+		}
+	})
+	return fw, "sandbox-mcp-fwtest-" + suffix
 }
 
-// liveNetwork makes an engine network of that name, labelled as a live
-// server's, so that the firewall sweep of any server starting meanwhile
-// (tests run in parallel) keeps its rules: the sweep removes the rules of
-// networks the engine no longer has.
-func liveNetwork(t *testing.T, name string) {
-	t.Helper()
-	cli := testenv.Engine(t)
-	labels := ownerLabels()
-	labels[LabelManaged] = "1"
-	labels[LabelInstance] = "fwtest"
-	ctx := context.Background()
-	if _, err := cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{Labels: labels}); err != nil {
-		t.Fatalf("create network %s: %v", name, err)
-	}
-	t.Cleanup(func() { cli.NetworkRemove(context.Background(), name, client.NetworkRemoveOptions{}) })
-}
+var handleRe = regexp.MustCompile(`\s*# handle (\d+)$`)
 
-func rulesOf(t *testing.T, network string) int {
+// listRules returns a network's rules as nft prints them (without their
+// handles), in the chain's order, and their handles.
+func listRules(t *testing.T, fw *firewall, network string) (rules, handles []string) {
 	t.Helper()
-	return len(listRules(t, network))
-}
-
-// listRules returns a network's rules as iptables -S prints them, in the
-// chain's order.
-func listRules(t *testing.T, network string) []string {
-	t.Helper()
-	out, err := exec.Command("iptables", "-S", FirewallChain).Output()
+	out, err := exec.Command("nft", "-a", "list", "chain", "inet", fw.table.Name, FirewallChain).CombinedOutput()
 	if err != nil {
+		if strings.Contains(string(out), "No such file") {
+			return nil, nil
+		}
+		t.Fatalf("nft list chain: %v %s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, `comment "`+ruleComment(network)+`"`) {
+			continue
+		}
+		m := handleRe.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("no handle in %q", line)
+		}
+		rules = append(rules, strings.TrimSpace(strings.TrimSuffix(line, m[0])))
+		handles = append(handles, m[1])
+	}
+	return rules, handles
+}
+
+func rulesOf(t *testing.T, fw *firewall, network string) int {
+	t.Helper()
+	rules, _ := listRules(t, fw, network)
+	return len(rules)
+}
+
+// TestFirewallRules: a network's rules are the four of the type's comment,
+// in order, as nft itself reads them back; none of them is in a table that
+// iptables-save shows (the tables that table rewriters such as kube-router
+// save and restore whole); release removes them.
+func TestFirewallRules(t *testing.T) {
+	fw, network := testFirewall(t)
+	gw := netip.MustParseAddr("192.0.2.1")
+	if err := fw.isolate(network, "sbx-fwtest", gw, gw.Next(), 40000); err != nil {
 		t.Fatal(err)
 	}
-	var rules []string
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line, `"`+ruleComment(network)+`"`) {
-			rules = append(rules, line)
-		}
+	got, _ := listRules(t, fw, network)
+	c := ` comment "` + ruleComment(network) + `"`
+	want := []string{
+		`iifname "sbx-fwtest" ip saddr 192.0.2.2 ip daddr 192.0.2.1 tcp dport 40000 accept` + c,
+		`iifname "sbx-fwtest" meta l4proto tcp reject with tcp reset` + c,
+		`iifname "sbx-fwtest" reject` + c, // icmpx port-unreachable, which nft prints as plain reject
+		`iifname != "sbx-fwtest" ip daddr 192.0.2.1 tcp dport 40000 reject with tcp reset` + c,
 	}
-	return rules
-}
-
-// waitRules waits until the network has want rules. Another program on
-// this machine may rewrite the filter table meanwhile (the test node's
-// kube-router does, on every policy change) and drop a rule just added or
-// bring back one just deleted: the firewall puts missing rules back
-// (reconcile), and fix, if not nil, is called between looks.
-func waitRules(t *testing.T, network string, want int, fix func()) {
-	t.Helper()
-	deadline := time.Now().Add(4 * reconcileEvery)
-	for {
-		n := rulesOf(t, network)
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rules of %s, want %d", n, network, want)
-		}
-		if fix != nil {
-			fix()
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !slices.Equal(got, want) {
+		t.Fatalf("rules:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if out, err := exec.Command("iptables-save").Output(); err == nil && strings.Contains(string(out), network) {
+		t.Fatalf("iptables-save shows the network's rules:\n%s", out)
+	}
+	if err := fw.release(network); err != nil {
+		t.Fatal(err)
+	}
+	if n := rulesOf(t, fw, network); n != 0 {
+		t.Fatalf("%d rules left after release", n)
 	}
 }
 
-// TestFirewallReleaseTwiceAtOnce: two removers of one network's rules at
-// once (a server's shutdown and another server's sweep) both succeed, and
-// the rules are gone.
+// TestFirewallReleaseTwiceAtOnce: several removers of one network's rules
+// at once (a server's shutdown and another server's sweep) all succeed,
+// and the rules are gone.
 func TestFirewallReleaseTwiceAtOnce(t *testing.T) {
 	fw, network := testFirewall(t)
 	gw := netip.MustParseAddr("192.0.2.1")
+	other, err := newFirewallIn(fw.table.Name) // as another server would
+	if err != nil {
+		t.Fatal(err)
+	}
 	for round := range 20 {
 		if err := fw.isolate(network, "sbx-fwtest", gw, gw.Next(), 40000+round); err != nil {
 			t.Fatal(err)
 		}
-		waitRules(t, network, 4, nil)
+		if n := rulesOf(t, fw, network); n != 4 {
+			t.Fatalf("round %d: %d rules, want 4", round, n)
+		}
 		var wg sync.WaitGroup
 		errs := make([]error, 4)
 		for i := range errs {
-			wg.Go(func() { errs[i] = fw.release(network) })
+			f := fw
+			if i%2 == 1 {
+				f = other
+			}
+			wg.Go(func() { errs[i] = f.release(network) })
 		}
 		wg.Wait()
 		for _, err := range errs {
@@ -117,72 +134,69 @@ func TestFirewallReleaseTwiceAtOnce(t *testing.T) {
 				t.Fatalf("round %d: %v", round, err)
 			}
 		}
-		waitRules(t, network, 0, func() { fw.release(network) })
+		if n := rulesOf(t, fw, network); n != 0 {
+			t.Fatalf("round %d: %d rules left", round, n)
+		}
 	}
 }
 
 // TestFirewallPutsBackRemovedRules: rules of a sandbox network that another
-// program deleted (a table rewriter, a firewalld reload) come back within
-// reconcileEvery, in their order (the proxy's ACCEPT before the REJECTs),
-// without a moment in which none is there; released networks' rules do not.
+// program deleted (one by one, or with the whole table, as `nft flush
+// ruleset` does) come back within reconcileEvery, in their order (the
+// proxy's accept before the rejects); released networks' rules do not.
 func TestFirewallPutsBackRemovedRules(t *testing.T) {
 	fw, network := testFirewall(t)
 	gw := netip.MustParseAddr("192.0.2.1")
 	if err := fw.isolate(network, "sbx-fwtest3", gw, gw.Next(), 40200); err != nil {
 		t.Fatal(err)
 	}
-	waitRules(t, network, 4, nil)
-	want := listRules(t, network)
-	drop := func(rule string) {
+	want, handles := listRules(t, fw, network)
+	if len(want) != 4 {
+		t.Fatalf("%d rules, want 4", len(want))
+	}
+	nft := func(args ...string) {
 		t.Helper()
-		args := append([]string{"-D"}, strings.Fields(strings.TrimPrefix(rule, "-A "))...)
-		for i, a := range args {
-			args[i] = strings.Trim(a, `"`)
+		if out, err := exec.Command("nft", args...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %v: %v %s", args, err, out)
 		}
-		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
-			// Gone already is what was wanted: a table rewriter on this
-			// machine may have dropped it first.
-			args[0] = "-C"
-			if exec.Command("iptables", args...).Run() == nil {
-				t.Fatalf("iptables -D: %v %s", err, out)
+	}
+	// The accept and one reject go; reconcile puts both back, in order.
+	nft("delete", "rule", "inet", fw.table.Name, FirewallChain, "handle", handles[0])
+	nft("delete", "rule", "inet", fw.table.Name, FirewallChain, "handle", handles[2])
+	mended, err := fw.reconcile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(mended, []string{network}) {
+		t.Fatalf("reconcile mended %v, want [%s]", mended, network)
+	}
+	if got, _ := listRules(t, fw, network); !slices.Equal(got, want) {
+		t.Fatalf("after reconcile:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if mended, err := fw.reconcile(); err != nil || len(mended) != 0 {
+		t.Fatalf("reconcile with every rule there: %v %v", mended, err)
+	}
+	// Without a call, the firewall's own loop does it: for one rule, and
+	// for the whole table.
+	waitBack := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(3 * reconcileEvery)
+		for {
+			got, _ := listRules(t, fw, network)
+			if slices.Equal(got, want) {
+				return
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: rules not put back within %v: %q", what, 3*reconcileEvery, got)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	// The ACCEPT and one REJECT go; reconcile puts both back, in order.
-	// A table rewriter on this machine (the test node's kube-router) may
-	// interleave with reconcile's commands and undo part of its work; the
-	// next reconcile finishes it, so the test calls it until the rules are
-	// back, as the firewall's loop would.
-	drop(want[0])
-	drop(want[2])
-	mendedIt := false
-	for deadline := time.Now().Add(4 * reconcileEvery); ; {
-		mended, err := fw.reconcile()
-		if err != nil {
-			t.Logf("reconcile: %v", err)
-		}
-		mendedIt = mendedIt || slices.Equal(mended, []string{network})
-		got := listRules(t, network)
-		if slices.Equal(got, want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after reconcile:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !mendedIt {
-		t.Fatal("reconcile did not report the network it mended")
-	}
-	// Without a call: the firewall's own loop does it.
-	drop(want[1])
-	deadline := time.Now().Add(3 * reconcileEvery)
-	for !slices.Equal(listRules(t, network), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("rules not put back within %v: %q", 3*reconcileEvery, listRules(t, network))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	_, handles = listRules(t, fw, network)
+	nft("delete", "rule", "inet", fw.table.Name, FirewallChain, "handle", handles[1])
+	waitBack("one rule deleted")
+	nft("delete", "table", "inet", fw.table.Name)
+	waitBack("table deleted")
 	// Released, they stay gone.
 	if err := fw.release(network); err != nil {
 		t.Fatal(err)
@@ -190,7 +204,9 @@ func TestFirewallPutsBackRemovedRules(t *testing.T) {
 	if mended, err := fw.reconcile(); err != nil || len(mended) != 0 {
 		t.Fatalf("reconcile after release: %v %v", mended, err)
 	}
-	waitRules(t, network, 0, func() { fw.release(network) })
+	if n := rulesOf(t, fw, network); n != 0 {
+		t.Fatalf("%d rules after release", n)
+	}
 }
 
 // TestFirewallSweepSparesNewNetworks: a network made while a sweep runs
@@ -199,17 +215,16 @@ func TestFirewallSweepSparesNewNetworks(t *testing.T) {
 	fw, network := testFirewall(t)
 	gw := netip.MustParseAddr("192.0.2.1")
 	stale := network + "-gone"
-	t.Cleanup(func() { fw.release(stale) })
 	if err := fw.isolate(stale, "sbx-fwtest2", gw, gw.Next(), 40100); err != nil {
 		t.Fatal(err)
 	}
 	err := fw.sweep(func() (map[string]bool, error) {
-		// Every network with rules is live (other servers' included),
-		// but the stale one; and one more is made after this list, as if
-		// the engine's list had been taken a moment before its network
-		// was made. The sweep must not remove its rules.
+		// Every network with rules is live but the stale one; and one
+		// more is made after this list, as if the engine's list had been
+		// taken a moment before its network was made. The sweep must not
+		// remove its rules.
 		live := map[string]bool{}
-		rules, err := fw.ipt.List("filter", FirewallChain)
+		rules, err := fw.list()
 		if err != nil {
 			return nil, err
 		}
@@ -226,11 +241,11 @@ func TestFirewallSweepSparesNewNetworks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := rulesOf(t, network); n != 4 {
-		out, _ := exec.Command("iptables", "-S", FirewallChain).Output()
+	if n := rulesOf(t, fw, network); n != 4 {
+		out, _ := exec.Command("nft", "list", "table", "inet", fw.table.Name).Output()
 		t.Errorf("the new network has %d rules, want 4:\n%s", n, out)
 	}
-	if n := rulesOf(t, stale); n != 0 {
+	if n := rulesOf(t, fw, stale); n != 0 {
 		t.Errorf("the removed network still has %d rules", n)
 	}
 }
