@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -154,22 +155,15 @@ func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int
 	}
 	reset := &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
 	refuse := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}
-	join := func(parts ...[]expr.Any) []expr.Any {
-		var all []expr.Any
-		for _, p := range parts {
-			all = append(all, p...)
-		}
-		return all
-	}
 	rule := func(e []expr.Any) *nftables.Rule {
 		return &nftables.Rule{Table: f.table, Chain: f.chain, Exprs: e,
 			UserData: userdata.AppendString(nil, userdata.TypeComment, ruleComment(network))}
 	}
 	return []*nftables.Rule{
-		rule(join(iif(expr.CmpOpEq), ipv4, addr(12, client), addr(16, gw), tcp, dport, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})),
-		rule(join(iif(expr.CmpOpEq), tcp, []expr.Any{reset})),
-		rule(join(iif(expr.CmpOpEq), []expr.Any{refuse})),
-		rule(join(iif(expr.CmpOpNeq), ipv4, addr(16, gw), tcp, dport, []expr.Any{reset})),
+		rule(slices.Concat(iif(expr.CmpOpEq), ipv4, addr(12, client), addr(16, gw), tcp, dport, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})),
+		rule(slices.Concat(iif(expr.CmpOpEq), tcp, []expr.Any{reset})),
+		rule(slices.Concat(iif(expr.CmpOpEq), []expr.Any{refuse})),
+		rule(slices.Concat(iif(expr.CmpOpNeq), ipv4, addr(16, gw), tcp, dport, []expr.Any{reset})),
 	}
 }
 
