@@ -232,6 +232,22 @@ func (f *firewall) release(network string) error {
 	return f.removeWhereLocked(func(r *nftables.Rule) bool { return ruleCommentOf(r) == ruleComment(network) })
 }
 
+// releaseAll removes the rules of every network this server isolated and
+// has not released, and ends the reconcile loop.
+func (f *firewall) releaseAll() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.want) == 0 {
+		return nil
+	}
+	comments := map[string]bool{}
+	for network := range f.want {
+		comments[ruleComment(network)] = true
+	}
+	clear(f.want)
+	return f.removeWhereLocked(func(r *nftables.Rule) bool { return comments[ruleCommentOf(r)] })
+}
+
 // keep runs reconcile every reconcileEvery until no network is left.
 func (f *firewall) keep() {
 	t := time.NewTicker(reconcileEvery)
