@@ -13,6 +13,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
@@ -89,6 +90,14 @@ func testManager(t *testing.T, edit func(*Options)) *Manager {
 		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind after Close: %v", left)
+		}
+		nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelInstance+"="+instance)})
+		if err != nil {
+			t.Errorf("list networks: %v", err)
+		}
+		for _, n := range nets.Items {
+			t.Errorf("network left behind after Close: %s", n.Name)
+			cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{})
 		}
 	})
 	return m

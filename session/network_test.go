@@ -10,12 +10,15 @@ import (
 	"net/url"
 	"os/exec"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
@@ -311,5 +314,171 @@ func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
 	bare := fmt.Sprintf(`printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n' | nc -w 3 %[2]s %[3]s | head -1`, target, host, port)
 	if out := string(sh(t, sb, bare).Stdout); !strings.Contains(out, "407") {
 		t.Errorf("the sandbox's CONNECT without its credential: %q, want 407", out)
+	}
+}
+
+// publish runs a plain container of the test image (not a sandbox) on
+// Docker's default bridge that answers "published-hello" on a port it
+// publishes on every address of the host, and returns that host port. The
+// container is labelled with the manager's instance and removed.
+func publish(t *testing.T, m *Manager) string {
+	t.Helper()
+	cli := testenv.Engine(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	port := network.MustParsePort("8080/tcp")
+	created, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config: &container.Config{
+			Image:        testenv.TestImage(t),
+			Cmd:          []string{"sh", "-c", "while true; do echo published-hello | nc -l -p 8080; done"},
+			ExposedPorts: network.PortSet{port: {}},
+			Labels:       map[string]string{engine.LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
+		},
+		HostConfig: &container.HostConfig{
+			NetworkMode:  "bridge",
+			PortBindings: network.PortMap{port: {{}}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cli.ContainerRemove(context.Background(), created.ID, client.ContainerRemoveOptions{Force: true})
+	})
+	if _, err := cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	insp, err := cli.ContainerInspect(ctx, created.ID, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range insp.Container.NetworkSettings.Ports[port] {
+		if b.HostPort != "" {
+			return b.HostPort
+		}
+	}
+	t.Fatalf("no host port published: %v", insp.Container.NetworkSettings.Ports)
+	return ""
+}
+
+// withoutDockerIsolation removes, until the test ends, the rules Docker
+// keeps in iptables' DOCKER-ISOLATION-STAGE-1 chain for a bridge (for an
+// internal network: drop what enters the bridge from elsewhere, and what
+// leaves it for elsewhere), as a program that rewrites iptables' filter
+// table may. The rules are put back at cleanup, before the network goes
+// (which removes them itself). It returns the rules it removed.
+func withoutDockerIsolation(t *testing.T, bridge string) []string {
+	t.Helper()
+	const chain = "DOCKER-ISOLATION-STAGE-1"
+	out, err := exec.Command("iptables", "-S", chain).Output()
+	if err != nil {
+		t.Logf("no iptables chain %s (%v): Docker's isolation rules are elsewhere or absent", chain, err)
+		return nil
+	}
+	var removed []string
+	for _, line := range strings.Split(string(out), "\n") {
+		spec, ok := strings.CutPrefix(line, "-A "+chain+" ")
+		if !ok || !slices.Contains(strings.Fields(spec), bridge) {
+			continue
+		}
+		args := strings.Fields(spec)
+		if out, err := exec.Command("iptables", append([]string{"-D", chain}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables -D %s %s: %v %s", chain, spec, err, out)
+		}
+		removed = append(removed, spec)
+		t.Cleanup(func() {
+			if exec.Command("iptables", append([]string{"-C", chain}, args...)...).Run() == nil {
+				return // already back
+			}
+			if out, err := exec.Command("iptables", append([]string{"-I", chain, "1"}, args...)...).CombinedOutput(); err != nil {
+				t.Errorf("put back Docker's rule %s %s: %v %s", chain, spec, err, out)
+			}
+		})
+	}
+	return removed
+}
+
+var forwardCounter = regexp.MustCompile(`counter packets (\d+) bytes \d+`)
+
+// forwardPackets returns the packets the forward chain's rules of a
+// network have stopped.
+func forwardPackets(t *testing.T, network string) int {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "chain", "inet", engine.FirewallTable, engine.FirewallForwardChain).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list chain: %v %s", err, out)
+	}
+	n, rules := 0, 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, `comment "sandbox-mcp:`+network+`"`) {
+			continue
+		}
+		rules++
+		if m := forwardCounter.FindStringSubmatch(line); m != nil {
+			c, _ := strconv.Atoi(m[1])
+			n += c
+		}
+	}
+	if rules != 3 {
+		t.Fatalf("the network has %d forward rules, want 3:\n%s", rules, out)
+	}
+	return n
+}
+
+// TestEgressForwardChainStopsPublishedPorts: a port that a container on
+// another bridge publishes stays out of a sandbox's reach even with
+// Docker's isolation rules for the sandbox's network gone. The sandbox
+// reaches the host only through its gateway, whose address is the host's
+// own, so the engine's DNAT of the published port applies there, and the
+// packet is forwarded to the other bridge: the input chain never sees it.
+// The forward chain of the server's table refuses it, and its counters
+// show it did.
+func TestEgressForwardChainStopsPublishedPorts(t *testing.T) {
+	cli := testenv.Engine(t)
+	m := egressManager(t, false, "api.test:443")
+	sb := newSandbox(t, m)
+	gw := strings.TrimSpace(string(sh(t, sb, `p=${HTTPS_PROXY##*@}; echo ${p%%:*}`).Stdout))
+	insp, err := cli.ContainerInspect(context.Background(), sb.ContainerID(), client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	netName := string(insp.Container.HostConfig.NetworkMode)
+	nw, err := cli.NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridge := nw.Network.Options["com.docker.network.bridge.name"]
+	if bridge == "" || gw == "" {
+		t.Fatalf("bridge %q, gateway %q", bridge, gw)
+	}
+
+	port := publish(t, m)
+	// The published port answers (from the host, through the engine).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(hostIP(t), port), 2*time.Second)
+		if err == nil {
+			conn.SetDeadline(time.Now().Add(2 * time.Second))
+			b, _ := io.ReadAll(conn)
+			conn.Close()
+			if strings.Contains(string(b), "published-hello") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the published port %s never answered from the host: %v", port, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	removed := withoutDockerIsolation(t, bridge)
+	t.Logf("removed Docker's rules for %s: %q", bridge, removed)
+	before := forwardPackets(t, netName)
+	out := string(sh(t, sb, fmt.Sprintf("nc -w 3 %s %s </dev/null; echo rc=$?", gw, port)).Stdout)
+	if strings.Contains(out, "published-hello") || strings.TrimSpace(out) == "rc=0" {
+		t.Fatalf("the sandbox reached the port another container publishes, through its gateway %s:%s: %q", gw, port, out)
+	}
+	if after := forwardPackets(t, netName); after <= before {
+		t.Fatalf("the forward chain stopped no packet (%d before, %d after): what stopped the sandbox was not this server's table", before, after)
 	}
 }

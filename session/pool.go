@@ -56,7 +56,13 @@ func (m *Manager) takeWarm() (warm, bool) {
 		if w.inst.conn.err() == nil {
 			return w, true
 		}
-		go m.removeInstance(w.inst) // died while it waited
+		// Died while it waited. m.mu is held and the manager open (see
+		// Sandbox), so Close waits for this removal.
+		m.removals.Add(1)
+		go func() {
+			defer m.removals.Done()
+			m.removeInstance(w.inst)
+		}()
 	}
 	return warm{}, false
 }

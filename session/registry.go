@@ -32,6 +32,9 @@ const (
 	// removalWait is how long a new sandbox waits for the removal of an
 	// ended session's container when the cap is reached.
 	removalWait = 30 * time.Second
+	// leftoverWait bounds Close's removal of what the sandboxes left on
+	// the engine.
+	leftoverWait = 30 * time.Second
 )
 
 // Options configure a Manager.
@@ -435,8 +438,10 @@ func (m *Manager) removedSoon() {
 	m.mu.Unlock()
 }
 
-// Close removes every sandbox (waiting for removals already under way) and
-// stops background work.
+// Close removes every sandbox (waiting for removals already under way, and
+// for starts under way, which remove what they made when they are
+// abandoned), stops background work, then removes whatever is still on the
+// engine under this server's label.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	m.closed = true
@@ -457,6 +462,16 @@ func (m *Manager) Close(ctx context.Context) error {
 		m.removals.Wait()
 		m.cancel()
 		m.wg.Wait()
+		// No start runs any more: what carries this server's label
+		// now is left over (a create the engine finished after its
+		// start gave up on it), and goes too.
+		if m.docker != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
+			if err := m.docker.Close(rctx); err != nil {
+				m.log.Warn("removing what the sandboxes left behind", "err", err)
+			}
+			cancel()
+		}
 		if m.seed != nil {
 			m.seed.close()
 		}

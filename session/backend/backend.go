@@ -24,9 +24,21 @@ type Backend interface {
 	Prepare(ctx context.Context) error
 	// Start starts one instance, its agent running with the protocol
 	// stream attached, and returns when the agent's stream is open (not
-	// when the agent said hello: the caller reads that). On failure it
-	// leaves nothing behind. Errors the model can act on are
-	// *errcode.Error (UNAVAILABLE for an engine fault).
+	// when the agent said hello: the caller reads that). Errors the model
+	// can act on are *errcode.Error (UNAVAILABLE for an engine fault).
+	//
+	// On failure, and when ctx ends at any point of the start, Start
+	// leaves nothing behind when it returns: every object it makes (a
+	// container, a pod, a network, a firewall rule, a proxy listener) is
+	// the start's from the moment the request that creates it is sent,
+	// and is removed before Start returns. A request the engine may carry
+	// out after its client gave up is not cut when ctx ends: Start waits
+	// for its answer, for a bounded time, so that the object's id is
+	// known; past that bound the object is sought by name or label. So
+	// Start may return a little after ctx's end, never with an object of
+	// the abandoned start still on the engine (except one the engine makes
+	// after the bound, which the backend's own cleanup at shutdown and the
+	// sweep find by label).
 	Start(ctx context.Context, spec InstanceSpec) (Instance, error)
 	// Sweep removes what servers that are gone left behind: instances
 	// whose stream no server holds any more, their networks and rules. It

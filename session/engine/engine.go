@@ -89,6 +89,8 @@ type Docker struct {
 	log   *slog.Logger
 	image string    // runtime image, set by Prepare
 	fw    *firewall // nil without Egress
+	// createGrace is DefaultCreateGrace (tests shorten it).
+	createGrace time.Duration
 }
 
 var _ backend.Backend = (*Docker)(nil)
@@ -111,7 +113,7 @@ func New(cfg Config) (*Docker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Docker{cfg: cfg, cli: cfg.Client, log: log}, nil
+	return &Docker{cfg: cfg, cli: cfg.Client, log: log, createGrace: DefaultCreateGrace}, nil
 }
 
 // Prepare builds the runtime image if needed and, with Egress, makes sure
@@ -158,8 +160,9 @@ type sandboxContainer struct {
 	stdout io.Reader
 	stdin  io.WriteCloser
 	stderr *lineLogger
-	// createCut is set when the create call ended with its context: the
-	// engine may have made the container all the same.
+	// createCut is set when the create call was cut before the engine
+	// answered (see DefaultCreateGrace): the container may exist all the
+	// same.
 	createCut bool
 
 	removeOnce sync.Once
@@ -178,7 +181,7 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		if c.stdin != nil {
 			c.stdin.Close()
 		}
-		// A create whose call failed (a start cancelled under way) may
+		// A create whose answer never came (see DefaultCreateGrace) may
 		// still have made the container: its name finds it.
 		id := c.id
 		if id == "" && c.createCut {
@@ -197,9 +200,51 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 	return c.removeErr
 }
 
+// DefaultCreateGrace is how long a call that creates an engine object (a
+// network, a container) may go on after the start that made it was
+// abandoned. Such a call is not cut when its start is: the engine may
+// finish a create whose client stopped listening, and the object would
+// then be on the engine under an id nobody learned. Letting the call
+// answer (it takes milliseconds, seconds on a loaded engine) gives the
+// start the id, and the start removes the object. Only an engine that does
+// not answer for this long after the start's end has the call cut; the
+// object is then sought by name, and Close (and the sweeps of other
+// servers) find by label what the engine makes later still.
+const DefaultCreateGrace = 30 * time.Second
+
+// creating returns the context of an engine call that creates an object
+// for a start whose context is ctx: ctx's values apply, but not its
+// deadline, and its end cuts the call only createGrace later. stop
+// releases it.
+func (d *Docker) creating(ctx context.Context) (cctx context.Context, stop func()) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	grace := d.createGrace
+	after := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-cctx.Done():
+		}
+	})
+	return cctx, func() {
+		after()
+		cancel()
+	}
+}
+
+// abandoned is the error of a start whose context ended after one of its
+// steps: what that step made is removed.
+func abandoned(ctx context.Context, step string) error {
+	return engineError(step, context.Cause(ctx))
+}
+
 // Start creates the network (with a proxy), creates, attaches and starts
-// the container, and returns it with its stream demultiplexed. On failure
-// nothing is left behind.
+// the container, and returns it with its stream demultiplexed. On failure,
+// and when ctx ends at any point, nothing is left behind: every object is
+// owned from the moment the request that creates it is sent (see
+// DefaultCreateGrace), and removed before Start returns.
 func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backend.Instance, err error) {
 	name := fmt.Sprintf("sandbox-mcp-%s-%d", spec.Sandbox, spec.Generation)
 	c := &sandboxContainer{d: d, name: name}
@@ -210,14 +255,17 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 			c.Remove(rctx)
 		}
 	}()
+	if ctx.Err() != nil {
+		return nil, abandoned(ctx, "start the sandbox")
+	}
 	env := append([]string(nil), spec.Env...)
 	netName, dns, addr := "none", []netip.Addr(nil), netip.Addr{}
 	if spec.Proxy != nil {
 		n, err := d.openNet(ctx, spec.Sandbox, name, spec.Proxy)
+		c.net = n // closed by Remove whatever openNet made of it
 		if err != nil {
 			return nil, err
 		}
-		c.net = n
 		env = append(env, n.env()...)
 		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
 	}
@@ -243,12 +291,21 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 		Runtime:           d.cfg.Runtime,
 		SeccompProfile:    d.cfg.SeccompProfile,
 	})
-	created, err := d.cli.ContainerCreate(ctx, opts)
+	if ctx.Err() != nil {
+		return nil, abandoned(ctx, "create the sandbox container")
+	}
+	cctx, stop := d.creating(ctx)
+	created, err := d.cli.ContainerCreate(cctx, opts)
+	c.createCut = err != nil && cctx.Err() != nil
+	stop()
 	if err != nil {
-		c.createCut = ctx.Err() != nil
 		return nil, engineError("create the sandbox container", err)
 	}
 	c.id = created.ID
+	if ctx.Err() != nil {
+		return nil, abandoned(ctx, "create the sandbox container")
+	}
+	// The calls below may be cut: the container's id is known.
 	att, err := d.cli.ContainerAttach(ctx, created.ID, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
 		return nil, engineError("attach to the sandbox container", err)

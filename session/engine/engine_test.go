@@ -2,70 +2,143 @@ package engine
 
 import (
 	"context"
-	"errors"
-	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
-// createFails is an engine whose ContainerCreate fails, as a cancelled
-// call does (after the engine may have made the container) or as a refusal
-// does; it records the removals asked for.
-type createFails struct {
-	Engine  // the calls not overridden here are not expected
-	err     error
-	removed []string
+// unanswered is the real engine, except that its create calls get no
+// answer until their context is cut. The engine then carries the request
+// out all the same: at once, before the cut call returns, or (late) only
+// when the test lets it (land). Every engine call stays real.
+type unanswered struct {
+	Engine
+	late bool
+	// waiting is closed when a create call waits for its cut.
+	waiting chan struct{}
+
+	mu      sync.Mutex
+	pending []func()
 }
 
-func (e *createFails) ContainerCreate(ctx context.Context, _ client.ContainerCreateOptions) (client.ContainerCreateResult, error) {
-	if err := ctx.Err(); err != nil {
-		return client.ContainerCreateResult{}, err
+func (e *unanswered) hang(ctx context.Context, create func()) {
+	close(e.waiting)
+	<-ctx.Done()
+	if !e.late {
+		create()
+		return
 	}
-	return client.ContainerCreateResult{}, e.err
+	e.mu.Lock()
+	e.pending = append(e.pending, create)
+	e.mu.Unlock()
 }
 
-func (e *createFails) ContainerRemove(_ context.Context, id string, _ client.ContainerRemoveOptions) (client.ContainerRemoveResult, error) {
-	e.removed = append(e.removed, id)
-	return client.ContainerRemoveResult{}, nil
+func (e *unanswered) land() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, f := range e.pending {
+		f()
+	}
+	e.pending = nil
 }
 
-func (e *createFails) ContainerInspect(context.Context, string, client.ContainerInspectOptions) (client.ContainerInspectResult, error) {
-	return client.ContainerInspectResult{}, cerrdefs.ErrNotFound
+func (e *unanswered) NetworkCreate(ctx context.Context, name string, o client.NetworkCreateOptions) (client.NetworkCreateResult, error) {
+	e.hang(ctx, func() { e.Engine.NetworkCreate(context.Background(), name, o) })
+	return client.NetworkCreateResult{}, ctx.Err()
 }
 
-// TestStartCutDuringCreateRemovesByName: a start cancelled while its
-// create was under way removes the container by name (the engine may have
-// made it without the caller learning its id); a create the engine refused
-// leaves nothing to remove.
-func TestStartCutDuringCreateRemovesByName(t *testing.T) {
-	spec := backend.InstanceSpec{Sandbox: "sb-1", Generation: 2, UID: 1000, GID: 1000}
+func (e *unanswered) ContainerCreate(ctx context.Context, o client.ContainerCreateOptions) (client.ContainerCreateResult, error) {
+	e.hang(ctx, func() { e.Engine.ContainerCreate(context.Background(), o) })
+	return client.ContainerCreateResult{}, ctx.Err()
+}
 
-	e := &createFails{}
-	d, err := New(Config{Client: e, Instance: "test"})
+// leftovers lists the containers and networks that carry the instance's
+// label.
+func leftovers(t *testing.T, cli *client.Client, instance string) []string {
+	t.Helper()
+	left := testenv.Containers(t, cli, LabelInstance, instance)
+	nets, err := cli.NetworkList(context.Background(), client.NetworkListOptions{Filters: make(client.Filters).Add("label", LabelInstance+"="+instance)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := d.Start(ctx, spec); err == nil {
-		t.Fatal("Start succeeded with its context cancelled")
+	for _, n := range nets.Items {
+		left = append(left, "network "+n.Name)
 	}
-	if want := []string{"sandbox-mcp-sb-1-2"}; !slices.Equal(e.removed, want) {
-		t.Errorf("removed %q, want %q", e.removed, want)
-	}
+	return left
+}
 
-	e = &createFails{err: errors.New("no such image")}
-	if d, err = New(Config{Client: e, Instance: "test"}); err != nil {
+// TestStartCutAfterGrace: a create the engine does not answer is cut
+// createGrace after its start was abandoned. If the engine made the object
+// all the same, the start finds it by name and removes it; if the engine
+// makes it only after the start returned, the backend's Close finds it by
+// label and removes it. For the container (no network) and for the
+// network.
+func TestStartCutAfterGrace(t *testing.T) {
+	cli := testenv.Engine(t)
+	img := testenv.TestImage(t)
+	proxy, err := netproxy.New(netproxy.Config{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Start(context.Background(), spec); err == nil {
-		t.Fatal("Start succeeded with the create refused")
-	}
-	if len(e.removed) != 0 {
-		t.Errorf("a refused create removed %q: that name may be another's", e.removed)
+	for _, tc := range []struct {
+		name  string
+		proxy *netproxy.Proxy
+		late  bool
+	}{
+		{"container", nil, false},
+		{"container late", nil, true},
+		{"network", proxy, false},
+		{"network late", proxy, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			instance := "test-cut-" + randomID()
+			t.Cleanup(func() {
+				testenv.RemoveLabelled(cli, LabelInstance, instance)
+				nets, _ := cli.NetworkList(context.Background(), client.NetworkListOptions{Filters: make(client.Filters).Add("label", LabelInstance+"="+instance)})
+				for _, n := range nets.Items {
+					cli.NetworkRemove(context.Background(), n.ID, client.NetworkRemoveOptions{})
+				}
+			})
+			e := &unanswered{Engine: cli, late: tc.late, waiting: make(chan struct{})}
+			d, err := New(Config{Client: e, Instance: instance})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.image = img
+			d.createGrace = 200 * time.Millisecond
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				<-e.waiting
+				cancel()
+			}()
+			spec := backend.InstanceSpec{Sandbox: "sb-" + randomID(), Generation: 1, UID: 1000, GID: 1000, Proxy: tc.proxy,
+				Limits: backend.Limits{Memory: 64 << 20, NanoCPUs: 1e9, Pids: 64, NoFile: 64, WorkspaceBytes: 1 << 20, TmpBytes: 1 << 20}}
+			if _, err := d.Start(ctx, spec); err == nil {
+				t.Fatal("Start succeeded with its create cut")
+			}
+			if !tc.late {
+				if left := leftovers(t, cli, instance); len(left) > 0 {
+					t.Fatalf("the start left behind: %s", strings.Join(left, "; "))
+				}
+				return
+			}
+			e.land()
+			if left := leftovers(t, cli, instance); len(left) != 1 {
+				t.Fatalf("the late create made %q, want one object", left)
+			}
+			if err := d.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if left := leftovers(t, cli, instance); len(left) > 0 {
+				t.Fatalf("Close left behind: %s", strings.Join(left, "; "))
+			}
+		})
 	}
 }

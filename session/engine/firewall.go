@@ -19,7 +19,8 @@ import (
 
 // FirewallTable is the nftables table (family inet) that holds the rules
 // keeping sandboxes off the host, in its chain FirewallChain, a base chain
-// on the input hook.
+// on the input hook, and off every other network, in FirewallForwardChain,
+// a base chain on the forward hook.
 //
 // The table is this program's alone. The rules used to live in a chain of
 // iptables' filter table, which other programs rewrite whole
@@ -32,8 +33,9 @@ import (
 // of the hook is final, whatever other tables (iptables' among them) then
 // accept, so the table needs no place in anyone else's chains.
 const (
-	FirewallTable = "sandbox-mcp"
-	FirewallChain = "input"
+	FirewallTable        = "sandbox-mcp"
+	FirewallChain        = "input"
+	FirewallForwardChain = "forward"
 )
 
 // firewall keeps a sandbox network's containers away from every port of the
@@ -49,11 +51,24 @@ const (
 // docker0 or on another network, a process of the host) is reset: the
 // listener, and the allowlist behind it, are the sandbox's alone.
 //
+// Nothing that enters or leaves a sandbox's bridge is ever forwarded: the
+// sandbox's one peer is its gateway, the host itself (input), and the
+// network holds one container. So the forward chain refuses every packet
+// arriving on the bridge (TCP reset, anything else unreachable) and drops
+// every packet routed to it. Docker's own rules for an internal network
+// (DOCKER-ISOLATION-STAGE-1) say the same, but they live in iptables'
+// filter table, which other programs rewrite; without the forward rules a
+// sandbox that lost them could reach, through its gateway's address, any
+// port another container publishes (the engine's DNAT turns the packet
+// into forwarded traffic that the input chain never sees). The forward
+// rules count what they stop.
+//
 // A network's rules go in and out in one netlink batch, which the kernel
 // applies as one transaction: there is no moment with some of them.
 type firewall struct {
-	table *nftables.Table
-	chain *nftables.Chain
+	table   *nftables.Table
+	input   *nftables.Chain
+	forward *nftables.Chain
 	// mu serialises this server's changes to the chain.
 	mu sync.Mutex
 	// want holds the rules of every network this server isolated and has
@@ -83,15 +98,19 @@ func newFirewall() (*firewall, error) { return newFirewallIn(FirewallTable) }
 // of their own).
 func newFirewallIn(table string) (*firewall, error) {
 	f := &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}}
-	accept := nftables.ChainPolicyAccept
-	f.chain = &nftables.Chain{
-		Name:     FirewallChain,
-		Table:    f.table,
-		Type:     nftables.ChainTypeFilter,
-		Hooknum:  nftables.ChainHookInput,
-		Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 10),
-		Policy:   &accept,
+	chain := func(name string, hook *nftables.ChainHook) *nftables.Chain {
+		accept := nftables.ChainPolicyAccept
+		return &nftables.Chain{
+			Name:     name,
+			Table:    f.table,
+			Type:     nftables.ChainTypeFilter,
+			Hooknum:  hook,
+			Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 10),
+			Policy:   &accept,
+		}
 	}
+	f.input = chain(FirewallChain, nftables.ChainHookInput)
+	f.forward = chain(FirewallForwardChain, nftables.ChainHookForward)
 	c, err := nftables.New()
 	if err != nil {
 		return nil, err
@@ -103,10 +122,11 @@ func newFirewallIn(table string) (*firewall, error) {
 	return f, nil
 }
 
-// addTable queues the table and its chain; both are kept if they exist.
+// addTable queues the table and its chains; they are kept if they exist.
 func (f *firewall) addTable(c *nftables.Conn) {
 	c.AddTable(f.table)
-	c.AddChain(f.chain)
+	c.AddChain(f.input)
+	c.AddChain(f.forward)
 }
 
 // comment tags every rule of one network, so rules can be found again.
@@ -126,8 +146,8 @@ func ifname(n string) []byte {
 	return b
 }
 
-// rules returns a network's four rules, in order (the proxy's accept before
-// the rejects).
+// rules returns a network's rules: four in the input chain, in order (the
+// proxy's accept before the rejects), then three in the forward chain.
 func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int) []*nftables.Rule {
 	iif := func(op expr.CmpOp) []expr.Any {
 		return []expr.Any{
@@ -135,6 +155,11 @@ func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int
 			&expr.Cmp{Op: op, Register: 1, Data: ifname(bridge)},
 		}
 	}
+	oif := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+	}
+	counter := []expr.Any{&expr.Counter{}}
 	ipv4 := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
@@ -155,15 +180,19 @@ func (f *firewall) rules(network, bridge string, gw, client netip.Addr, port int
 	}
 	reset := &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
 	refuse := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}
-	rule := func(e []expr.Any) *nftables.Rule {
-		return &nftables.Rule{Table: f.table, Chain: f.chain, Exprs: e,
+	rule := func(chain *nftables.Chain, e []expr.Any) *nftables.Rule {
+		return &nftables.Rule{Table: f.table, Chain: chain, Exprs: e,
 			UserData: userdata.AppendString(nil, userdata.TypeComment, ruleComment(network))}
 	}
+	in, fwd := f.input, f.forward
 	return []*nftables.Rule{
-		rule(slices.Concat(iif(expr.CmpOpEq), ipv4, addr(12, client), addr(16, gw), tcp, dport, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})),
-		rule(slices.Concat(iif(expr.CmpOpEq), tcp, []expr.Any{reset})),
-		rule(slices.Concat(iif(expr.CmpOpEq), []expr.Any{refuse})),
-		rule(slices.Concat(iif(expr.CmpOpNeq), ipv4, addr(16, gw), tcp, dport, []expr.Any{reset})),
+		rule(in, slices.Concat(iif(expr.CmpOpEq), ipv4, addr(12, client), addr(16, gw), tcp, dport, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})),
+		rule(in, slices.Concat(iif(expr.CmpOpEq), tcp, []expr.Any{reset})),
+		rule(in, slices.Concat(iif(expr.CmpOpEq), []expr.Any{refuse})),
+		rule(in, slices.Concat(iif(expr.CmpOpNeq), ipv4, addr(16, gw), tcp, dport, []expr.Any{reset})),
+		rule(fwd, slices.Concat(iif(expr.CmpOpEq), tcp, counter, []expr.Any{reset})),
+		rule(fwd, slices.Concat(iif(expr.CmpOpEq), counter, []expr.Any{refuse})),
+		rule(fwd, slices.Concat(oif, counter, []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})),
 	}
 }
 
@@ -203,6 +232,22 @@ func (f *firewall) release(network string) error {
 	return f.removeWhereLocked(func(r *nftables.Rule) bool { return ruleCommentOf(r) == ruleComment(network) })
 }
 
+// releaseAll removes the rules of every network this server isolated and
+// has not released, and ends the reconcile loop.
+func (f *firewall) releaseAll() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.want) == 0 {
+		return nil
+	}
+	comments := map[string]bool{}
+	for network := range f.want {
+		comments[ruleComment(network)] = true
+	}
+	clear(f.want)
+	return f.removeWhereLocked(func(r *nftables.Rule) bool { return comments[ruleCommentOf(r)] })
+}
+
 // keep runs reconcile every reconcileEvery until no network is left.
 func (f *firewall) keep() {
 	t := time.NewTicker(reconcileEvery)
@@ -221,24 +266,33 @@ func (f *firewall) keep() {
 	}
 }
 
-// list returns the chain's rules; a table or chain that is gone has none.
+// list returns the rules of both chains; a table or chain that is gone has
+// none.
 func (f *firewall) list() ([]*nftables.Rule, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, err
 	}
-	rules, err := c.GetRules(f.table, f.chain)
-	if errors.Is(err, unix.ENOENT) {
-		return nil, nil
+	var all []*nftables.Rule
+	for _, chain := range []*nftables.Chain{f.input, f.forward} {
+		rules, err := c.GetRules(f.table, chain)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, rules...)
 	}
-	return rules, err
+	return all, nil
 }
 
 // reconcile puts back the rules of this server's networks that are no
-// longer all in the chain, and returns the networks it mended. Nothing
+// longer all in the chains, and returns the networks it mended. Nothing
 // but a removal changes the table (no other program writes to it), so a
-// network with all its rules has them in order; one with fewer has what
-// is left deleted and the whole set added again, in one transaction.
+// network with all its rules has them in order; one with fewer (a rule
+// deleted, a chain or the whole table gone) has what is left deleted and
+// the whole set added again, chains included, in one transaction.
 func (f *firewall) reconcile() ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -290,8 +344,8 @@ func (f *firewall) reconcile() ([]string, error) {
 	return mended, firstErr
 }
 
-// removeWhereLocked deletes the chain's rules that match, in one
-// transaction, and lists the chain again to make sure. Another server (its
+// removeWhereLocked deletes the chains' rules that match, in one
+// transaction, and lists the chains again to make sure. Another server (its
 // sweep, or its removal of a network this one swept) may delete one of
 // them first: the transaction then fails as a whole, and the next attempt
 // deletes what is left.

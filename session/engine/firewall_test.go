@@ -37,29 +37,36 @@ func testFirewall(t *testing.T) (*firewall, string) {
 	return fw, "sandbox-mcp-fwtest-" + suffix
 }
 
-var handleRe = regexp.MustCompile(`\s*# handle (\d+)$`)
+var (
+	handleRe   = regexp.MustCompile(`\s*# handle (\d+)$`)
+	countersRe = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+)
 
 // listRules returns a network's rules as nft prints them (without their
-// handles), in the chain's order, and their handles.
+// handles and with their counters' values left out), the input chain's in
+// order, then the forward chain's, and their handles as "chain handle".
 func listRules(t *testing.T, fw *firewall, network string) (rules, handles []string) {
 	t.Helper()
-	out, err := exec.Command("nft", "-a", "list", "chain", "inet", fw.table.Name, FirewallChain).CombinedOutput()
-	if err != nil {
-		if strings.Contains(string(out), "No such file") {
-			return nil, nil
+	for _, chain := range []string{FirewallChain, FirewallForwardChain} {
+		out, err := exec.Command("nft", "-a", "list", "chain", "inet", fw.table.Name, chain).CombinedOutput()
+		if err != nil {
+			if strings.Contains(string(out), "No such file") {
+				continue
+			}
+			t.Fatalf("nft list chain: %v %s", err, out)
 		}
-		t.Fatalf("nft list chain: %v %s", err, out)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.Contains(line, `comment "`+ruleComment(network)+`"`) {
-			continue
+		for _, line := range strings.Split(string(out), "\n") {
+			if !strings.Contains(line, `comment "`+ruleComment(network)+`"`) {
+				continue
+			}
+			m := handleRe.FindStringSubmatch(line)
+			if m == nil {
+				t.Fatalf("no handle in %q", line)
+			}
+			rule := strings.TrimSpace(strings.TrimSuffix(line, m[0]))
+			rules = append(rules, countersRe.ReplaceAllString(rule, "counter"))
+			handles = append(handles, chain+" "+m[1])
 		}
-		m := handleRe.FindStringSubmatch(line)
-		if m == nil {
-			t.Fatalf("no handle in %q", line)
-		}
-		rules = append(rules, strings.TrimSpace(strings.TrimSuffix(line, m[0])))
-		handles = append(handles, m[1])
 	}
 	return rules, handles
 }
@@ -70,10 +77,11 @@ func rulesOf(t *testing.T, fw *firewall, network string) int {
 	return len(rules)
 }
 
-// TestFirewallRules: a network's rules are the four of the type's comment,
-// in order, as nft itself reads them back; none of them is in a table that
-// iptables-save shows (the tables that table rewriters such as kube-router
-// save and restore whole); release removes them.
+// TestFirewallRules: a network's rules are the four input rules and the
+// three forward rules of the type's comment, in order, as nft itself reads
+// them back; none of them is in a table that iptables-save shows (the
+// tables that table rewriters such as kube-router save and restore whole);
+// release removes them.
 func TestFirewallRules(t *testing.T) {
 	fw, network := testFirewall(t)
 	gw := netip.MustParseAddr("192.0.2.1")
@@ -87,6 +95,9 @@ func TestFirewallRules(t *testing.T) {
 		`iifname "sbx-fwtest" meta l4proto tcp reject with tcp reset` + c,
 		`iifname "sbx-fwtest" reject` + c, // icmpx port-unreachable, which nft prints as plain reject
 		`iifname != "sbx-fwtest" ip daddr 192.0.2.1 tcp dport 40000 reject with tcp reset` + c,
+		`iifname "sbx-fwtest" meta l4proto tcp counter reject with tcp reset` + c,
+		`iifname "sbx-fwtest" counter reject` + c,
+		`oifname "sbx-fwtest" counter drop` + c,
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("rules:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -116,8 +127,8 @@ func TestFirewallReleaseTwiceAtOnce(t *testing.T) {
 		if err := fw.isolate(network, "sbx-fwtest", gw, gw.Next(), 40000+round); err != nil {
 			t.Fatal(err)
 		}
-		if n := rulesOf(t, fw, network); n != 4 {
-			t.Fatalf("round %d: %d rules, want 4", round, n)
+		if n := rulesOf(t, fw, network); n != 7 {
+			t.Fatalf("round %d: %d rules, want 7", round, n)
 		}
 		var wg sync.WaitGroup
 		errs := make([]error, 4)
@@ -141,9 +152,10 @@ func TestFirewallReleaseTwiceAtOnce(t *testing.T) {
 }
 
 // TestFirewallPutsBackRemovedRules: rules of a sandbox network that another
-// program deleted (one by one, or with the whole table, as `nft flush
-// ruleset` does) come back within reconcileEvery, in their order (the
-// proxy's accept before the rejects); released networks' rules do not.
+// program deleted (one by one, with the forward chain, or with the whole
+// table, as `nft flush ruleset` does) come back within reconcileEvery, in
+// their order (the proxy's accept before the rejects); released networks'
+// rules do not.
 func TestFirewallPutsBackRemovedRules(t *testing.T) {
 	fw, network := testFirewall(t)
 	gw := netip.MustParseAddr("192.0.2.1")
@@ -151,8 +163,8 @@ func TestFirewallPutsBackRemovedRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, handles := listRules(t, fw, network)
-	if len(want) != 4 {
-		t.Fatalf("%d rules, want 4", len(want))
+	if len(want) != 7 {
+		t.Fatalf("%d rules, want 7", len(want))
 	}
 	nft := func(args ...string) {
 		t.Helper()
@@ -160,9 +172,16 @@ func TestFirewallPutsBackRemovedRules(t *testing.T) {
 			t.Fatalf("nft %v: %v %s", args, err, out)
 		}
 	}
-	// The accept and one reject go; reconcile puts both back, in order.
-	nft("delete", "rule", "inet", fw.table.Name, FirewallChain, "handle", handles[0])
-	nft("delete", "rule", "inet", fw.table.Name, FirewallChain, "handle", handles[2])
+	deleteRule := func(handle string) {
+		t.Helper()
+		chain, h, _ := strings.Cut(handle, " ")
+		nft("delete", "rule", "inet", fw.table.Name, chain, "handle", h)
+	}
+	// The accept, one reject and a forward rule go; reconcile puts them
+	// back, in order.
+	deleteRule(handles[0])
+	deleteRule(handles[2])
+	deleteRule(handles[5])
 	mended, err := fw.reconcile()
 	if err != nil {
 		t.Fatal(err)
@@ -193,8 +212,10 @@ func TestFirewallPutsBackRemovedRules(t *testing.T) {
 		}
 	}
 	_, handles = listRules(t, fw, network)
-	nft("delete", "rule", "inet", fw.table.Name, FirewallChain, "handle", handles[1])
+	deleteRule(handles[1])
 	waitBack("one rule deleted")
+	nft("delete", "chain", "inet", fw.table.Name, FirewallForwardChain)
+	waitBack("forward chain deleted")
 	nft("delete", "table", "inet", fw.table.Name)
 	waitBack("table deleted")
 	// Released, they stay gone.
@@ -241,9 +262,9 @@ func TestFirewallSweepSparesNewNetworks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := rulesOf(t, fw, network); n != 4 {
+	if n := rulesOf(t, fw, network); n != 7 {
 		out, _ := exec.Command("nft", "list", "table", "inet", fw.table.Name).Output()
-		t.Errorf("the new network has %d rules, want 4:\n%s", n, out)
+		t.Errorf("the new network has %d rules, want 7:\n%s", n, out)
 	}
 	if n := rulesOf(t, fw, stale); n != 0 {
 		t.Errorf("the removed network still has %d rules", n)

@@ -37,6 +37,10 @@ type sandboxNet struct {
 	stop             context.CancelFunc
 	served           chan struct{}
 	firewalled       bool
+	// createCut is set when the create call was cut before the engine
+	// answered (see DefaultCreateGrace): the network may exist all the
+	// same, under an id not known.
+	createCut bool
 	// token is the sandbox's proxy credential, in its proxy URL; the
 	// proxy checks it beside the client's address. revoke gives it back.
 	token  string
@@ -86,20 +90,18 @@ func pickSubnet(pool netip.Prefix) netip.Prefix {
 // from it. The container gets the address after the gateway, and the proxy
 // listener is its own: the proxy serves no other address, and the firewall
 // refuses the listener to packets from any other interface (another
-// bridge, docker0, the host itself). On failure nothing is left behind.
+// bridge, docker0, the host itself). It returns the network whatever
+// happened, for the caller to close: on failure, and when ctx ends, that
+// removes whatever was made of it.
 func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netproxy.Proxy) (n *sandboxNet, err error) {
 	n = &sandboxNet{name: name, bridge: bridgeName(name)}
-	defer func() {
-		if err != nil {
-			d.closeNet(n)
-		}
-	}()
 	no := false
 	var created client.NetworkCreateResult
 	for attempt := 0; ; attempt++ {
 		subnet := pickSubnet(d.cfg.NetworkPool)
 		gw := subnet.Addr().Next()
-		created, err = d.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
+		cctx, stop := d.creating(ctx)
+		created, err = d.cli.NetworkCreate(cctx, name, client.NetworkCreateOptions{
 			Driver:     "bridge",
 			Internal:   true,
 			EnableIPv6: &no,
@@ -111,18 +113,23 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 				"com.docker.network.bridge.enable_ip_masquerade": "false",
 			},
 		})
+		n.createCut = err != nil && cctx.Err() != nil
+		stop()
 		if err == nil {
 			n.gateway, n.client = gw, gw.Next()
 			break
 		}
 		// The subnet may overlap another network's (engines report that
 		// in several ways): try another, unless the engine is gone.
-		if attempt < 8 && !client.IsErrConnectionFailed(err) && ctx.Err() == nil {
+		if attempt < 8 && !client.IsErrConnectionFailed(err) && !n.createCut && ctx.Err() == nil {
 			continue
 		}
 		return n, engineError("create the sandbox's network", err)
 	}
 	n.id = created.ID
+	if ctx.Err() != nil {
+		return n, abandoned(ctx, "create the sandbox's network")
+	}
 
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(n.gateway, 0).String())
 	if err != nil {
@@ -152,8 +159,9 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 	return n, nil
 }
 
-// closeNet stops a network's proxy and removes its rules and the network.
-// The network's container must be gone already.
+// closeNet stops a network's proxy and removes its rules and the network
+// (found by name if its create was cut). The network's container must be
+// gone already.
 func (d *Docker) closeNet(n *sandboxNet) {
 	if n.stop != nil {
 		n.stop()
@@ -167,21 +175,58 @@ func (d *Docker) closeNet(n *sandboxNet) {
 			d.log.Warn("remove firewall rules", "network", n.name, "err", err)
 		}
 	}
-	if n.id == "" {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for {
-		_, err := d.cli.NetworkRemove(ctx, n.id, client.NetworkRemoveOptions{})
-		if err == nil || cerrdefs.IsNotFound(err) {
+	ids := []string{n.id}
+	if n.id == "" {
+		if !n.createCut {
 			return
 		}
-		// An endpoint can linger a moment after its container is gone.
-		if ctx.Err() != nil {
+		var err error
+		if ids, err = d.ownNetworks(ctx, n.name); err != nil {
+			d.log.Warn("find network", "network", n.name, "err", err)
+			return
+		}
+	}
+	for _, id := range ids {
+		if err := removeNetwork(ctx, d.cli, id); err != nil {
 			d.log.Warn("remove network", "network", n.name, "err", err)
-			return
 		}
-		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ownNetworks returns the ids of this server's networks named name ("" for
+// every one). The engine matches names by substring; the names are
+// compared here whole.
+func (d *Docker) ownNetworks(ctx context.Context, name string) ([]string, error) {
+	list, err := d.cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", LabelInstance+"="+d.cfg.Instance)})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, nw := range list.Items {
+		if name == "" || nw.Name == name {
+			ids = append(ids, nw.ID)
+		}
+	}
+	return ids, nil
+}
+
+// removeNetwork removes a network, waiting (until ctx ends) for endpoints
+// that linger a moment after their container is gone.
+func removeNetwork(ctx context.Context, cli Engine, id string) error {
+	for {
+		_, err := cli.NetworkRemove(ctx, id, client.NetworkRemoveOptions{})
+		if err == nil || cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -108,4 +109,44 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 		}
 	}
 	return removed, nil
+}
+
+// Close removes what this server's sandboxes left on the engine: every
+// container and network that carries its instance label, and the firewall
+// rules it still keeps. The server calls it once, after it removed every
+// sandbox (and no Start runs any more), so whatever it finds is left over:
+// an object whose create the engine finished only after its start gave up
+// on it (see DefaultCreateGrace), or one whose removal failed. Each object
+// is logged; the error joins what could not be removed.
+func (d *Docker) Close(ctx context.Context) error {
+	var errs []error
+	list, err := d.cli.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", LabelInstance+"="+d.cfg.Instance),
+	})
+	if err != nil {
+		errs = append(errs, engineError("list this server's containers", err))
+	}
+	for _, c := range list.Items {
+		d.log.Warn("removing a container left behind", "container", c.ID[:12], "state", c.State, "sandbox", c.Labels[LabelSandbox])
+		if err := removeContainer(ctx, d.cli, c.ID); err != nil {
+			errs = append(errs, fmt.Errorf("remove container %s: %w", c.ID[:12], err))
+		}
+	}
+	ids, err := d.ownNetworks(ctx, "")
+	if err != nil {
+		errs = append(errs, engineError("list this server's networks", err))
+	}
+	for _, id := range ids {
+		d.log.Warn("removing a network left behind", "network", id[:12])
+		if err := removeNetwork(ctx, d.cli, id); err != nil {
+			errs = append(errs, fmt.Errorf("remove network %s: %w", id[:12], err))
+		}
+	}
+	if d.fw != nil {
+		if err := d.fw.releaseAll(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
