@@ -41,10 +41,17 @@
 //  9. for a host some secret is for (Config.Secrets), opens TLS to it and
 //     verifies its certificate and name (502 on failure); see Interception;
 //  10. answers 200. A tunnel that is not intercepted must open with a TLS
-//     ClientHello naming the CONNECT target, or none, or not be TLS at all:
-//     the proxy reads it (at most 64 KiB, within Config.HeaderTimeout) and
-//     refuses another name (403 in the Decision; the client, which has its
-//     200, gets a TLS access_denied alert). The bytes read are passed on;
+//     ClientHello naming the CONNECT target, or none, or not be TLS at all.
+//     The proxy waits for the first byte from either side (within the
+//     tunnel's idle time): an upstream that speaks first, or a client
+//     whose first byte does not start a TLS handshake record, passes
+//     unchecked. Otherwise the whole ClientHello (at most 64 KiB) must
+//     arrive within Config.HeaderTimeout of its first byte, and is checked
+//     before a byte of it is passed on: another name is refused (403 in the
+//     Decision; the client, which has its 200, gets a TLS access_denied
+//     alert), and so is a hello that is malformed, cut short, late (408) or
+//     interrupted by the upstream. A partial hello never passes. The bytes
+//     read are passed on;
 //  11. copies bytes both ways until both sides have finished (half-closes
 //     are passed on), nothing has moved for Config.IdleTimeout,
 //     Config.MaxLifetime has passed, or Serve's context ends.
