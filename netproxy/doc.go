@@ -41,10 +41,17 @@
 //  9. for a host some secret is for (Config.Secrets), opens TLS to it and
 //     verifies its certificate and name (502 on failure); see Interception;
 //  10. answers 200. A tunnel that is not intercepted must open with a TLS
-//     ClientHello naming the CONNECT target, or none, or not be TLS at all:
-//     the proxy reads it (at most 64 KiB, within Config.HeaderTimeout) and
-//     refuses another name (403 in the Decision; the client, which has its
-//     200, gets a TLS access_denied alert). The bytes read are passed on;
+//     ClientHello naming the CONNECT target, or none, or not be TLS at all.
+//     The proxy waits for the first byte from either side (within the
+//     tunnel's idle time): an upstream that speaks first, or a client
+//     whose first byte does not start a TLS handshake record, passes
+//     unchecked. Otherwise the whole ClientHello (at most 64 KiB) must
+//     arrive within Config.HeaderTimeout of its first byte, and is checked
+//     before a byte of it is passed on: another name is refused (403 in the
+//     Decision; the client, which has its 200, gets a TLS access_denied
+//     alert), and so is a hello that is malformed, cut short, late (408) or
+//     interrupted by the upstream. A partial hello never passes. The bytes
+//     read are passed on;
 //  11. copies bytes both ways until both sides have finished (half-closes
 //     are passed on), nothing has moved for Config.IdleTimeout,
 //     Config.MaxLifetime has passed, or Serve's context ends.
@@ -63,12 +70,19 @@
 // answers 200, and serves the sandbox's TLS (only http/1.1) with a leaf
 // certificate for the host, minted on first use, cached and valid a day.
 // Each HTTP/1.1 request goes on to the real host (net/http's reverse
-// proxy: keep-alive, bodies streamed, 1xx and upgrades passed on) with the
-// sandbox's placeholders for that host's secrets replaced by their values
-// in the request target and every header, Basic credentials decoded and
-// encoded again; placeholders of other sandboxes or hosts are left alone.
-// Response headers get the placeholder back for the value; bodies are not
-// rewritten either way. The first use of each secret on a tunnel is logged
+// proxy: keep-alive, bodies streamed, 1xx passed on; protocol upgrades
+// refused) with the sandbox's placeholders for that host's secrets
+// replaced by their values where a credential belongs: the Authorization
+// header (Basic credentials decoded and encoded again) and the header
+// fields of [Secret.Headers]; the path and query only for a secret with
+// [Secret.InURL]. Placeholders anywhere else, and those of other sandboxes
+// or hosts, are left alone; request bodies are not rewritten. The request
+// asks for an uncompressed, whole response (Accept-Encoding: identity, no
+// Range). Everything the host answers has each value, literal or percent-,
+// JSON- or HTML-escaped or in base64 (Basic credentials included), turned
+// back into the placeholder: 1xx headers, the header, the body as it
+// streams (a gzip or deflate body decoded first; any other coding is a
+// 502) and the trailer. The first use of each secret on a tunnel is logged
 // ("proxy secret used") and passed to Config.OnSecretUse; a value is never
 // logged, and errors are scrubbed of values before they are logged or sent.
 //

@@ -192,7 +192,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 	// A tunnel that is not intercepted must be TLS to the host it was
 	// allowed for, if it is TLS at all: the ClientHello's server name is
 	// checked against the CONNECT target, and what was read is replayed.
-	toUp, toClient, isTLS, ref := p.checkHello(ctx, c, up, early, d.Normalized)
+	toUp, toClient, isTLS, ref, ended := p.checkHello(ctx, c, up, early, d.Normalized, tunnelStart)
 	if ref != nil {
 		up.Close()
 		sb.release(&sb.tunnels)
@@ -206,80 +206,21 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 		return
 	}
 	p.logDecision(&d)
+	if ended != "" {
+		// Nothing came from either side before the tunnel's idle time or
+		// lifetime ran out, or Serve is ending.
+		up.Close()
+		cl.Reason, cl.Duration = ended, time.Since(tunnelStart)
+		sb.release(&sb.tunnels)
+		p.logClose(&cl)
+		return
+	}
 	t := newTunnel(c, up, p.cfg.IdleTimeout, p.cfg.MaxLifetime)
 	t.start = tunnelStart
 	cl.Reason = t.run(ctx, toUp, toClient)
 	cl.BytesUp, cl.BytesDown, cl.Duration = t.up, t.down, time.Since(t.start)
 	sb.release(&sb.tunnels) // before the record, so a caller that saw it can open another
 	p.logClose(&cl)
-}
-
-// checkHello reads the start of a tunnel and refuses it if the client
-// opens with a TLS ClientHello whose server name is not host. It reads the
-// client (early first, then c) and, at the same time, the upstream: a
-// client that sends no ClientHello, a ClientHello without a server name, a
-// tunnel that is not TLS, and an upstream that speaks first (no TLS server
-// does) pass at once, as does a client that sends nothing within
-// HeaderTimeout. It returns the bytes read from each side, to be replayed
-// to the other.
-func (p *Proxy) checkHello(ctx context.Context, c, up net.Conn, early []byte, host string) (toUp, toClient []byte, tlsHello bool, ref *refusal) {
-	type upRead struct {
-		b   []byte
-		err error
-	}
-	fromUp := make(chan upRead, 1)
-	go func() {
-		b := make([]byte, readBufSize)
-		n, err := up.Read(b)
-		fromUp <- upRead{b[:n], err}
-	}()
-	type helloRead struct {
-		h   clientHello
-		err error
-	}
-	fromClient := make(chan helloRead, 1)
-	c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
-	go func() {
-		h, err := readClientHello(io.MultiReader(bytes.NewReader(early), c))
-		fromClient <- helloRead{h, err}
-	}()
-	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
-
-	var hr helloRead
-	var ur upRead
-	select {
-	case hr = <-fromClient:
-		up.SetReadDeadline(time.Now()) // end the upstream read, keep what it got
-		ur = <-fromUp
-	case ur = <-fromUp:
-		c.SetReadDeadline(time.Now()) // the upstream spoke first: not TLS
-		hr = <-fromClient
-		hr.err = nil
-		hr.h.sni = ""
-	}
-	stop()
-	c.SetReadDeadline(time.Time{})
-	up.SetReadDeadline(time.Time{})
-	toUp = hr.h.raw
-	if len(toUp) < len(early) {
-		toUp = append(toUp, early[len(toUp):]...)
-	}
-	toClient = ur.b
-	switch {
-	case errors.Is(hr.err, errBadHello):
-		return toUp, toClient, hr.h.tls, &refusal{http.StatusForbidden, fmt.Sprintf(
-			"the tunnel to %s began with a malformed TLS ClientHello; send a standard TLS handshake", quote(host))}
-	case hr.err != nil || hr.h.sni == "":
-		// Nothing more came in time, the client closed, or the hello names
-		// no server: replay what came and let the tunnel run (or end).
-		return toUp, toClient, hr.h.tls, nil
-	}
-	if sni := strings.TrimSuffix(asciiLower(hr.h.sni), "."); sni != host {
-		return toUp, toClient, true, &refusal{http.StatusForbidden, fmt.Sprintf(
-			"the TLS ClientHello names %s, not %s, the host this tunnel was allowed for; connect to the host you name",
-			quote(truncate(sni, maxLoggedHost)), quote(host))}
-	}
-	return toUp, toClient, true, nil
 }
 
 // request is a parsed request line and header.

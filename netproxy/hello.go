@@ -1,9 +1,17 @@
 package netproxy
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
 )
 
 // maxHelloBytes bounds what the proxy reads of a tunnel's first flight
@@ -20,6 +28,155 @@ type clientHello struct {
 }
 
 var errBadHello = errors.New("malformed TLS ClientHello")
+
+// checkHello reads the start of a tunnel and refuses it if the client
+// opens with a TLS ClientHello whose server name is not host. It reads the
+// client (early first, then c) and, at the same time, the upstream, until
+// one of them sends a first byte:
+//
+//   - the upstream speaks first (no TLS server does): the tunnel passes
+//     unchecked, unless the client has begun a TLS record, which is closed;
+//   - the client's first byte does not start a TLS handshake record: the
+//     tunnel passes unchecked;
+//   - it does: the whole ClientHello must follow within HeaderTimeout of
+//     that byte. It is checked in full (a hello without a server name
+//     passes); a hello that is malformed, cut short by the client, or not
+//     complete in time closes the tunnel. A partial hello never passes.
+//
+// The wait for the first byte is bounded by the tunnel's idle time and
+// lifetime, counted from start; ended is then the close reason (as it is
+// when ctx ends). Otherwise it returns the bytes read from each side, to be
+// replayed to the other.
+func (p *Proxy) checkHello(ctx context.Context, c, up net.Conn, early []byte, host string, start time.Time) (toUp, toClient []byte, tlsHello bool, ref *refusal, ended string) {
+	type upRead struct {
+		b   []byte
+		err error
+	}
+	fromUp := make(chan upRead, 1)
+	go func() {
+		b := make([]byte, readBufSize)
+		n, err := up.Read(b)
+		fromUp <- upRead{b[:n], err}
+	}()
+
+	// The client's read deadline: first the idle time (or the end of the
+	// lifetime), then HeaderTimeout from the first byte. Once the read is
+	// interrupted (the upstream spoke, ctx ended), no later deadline
+	// undoes that.
+	var dmu sync.Mutex
+	interrupted := false
+	setDeadline := func(t time.Time, interrupt bool) {
+		dmu.Lock()
+		defer dmu.Unlock()
+		if !interrupted {
+			interrupted = interrupt
+			c.SetReadDeadline(t)
+		}
+	}
+	lifeEnd := start.Add(p.cfg.MaxLifetime)
+	setDeadline(start.Add(min(p.cfg.IdleTimeout, p.cfg.MaxLifetime)), false)
+	type helloRead struct {
+		h   clientHello
+		err error
+	}
+	fromClient := make(chan helloRead, 1)
+	go func() {
+		r := &firstByteReader{r: io.MultiReader(bytes.NewReader(early), c), first: func() {
+			setDeadline(time.Now().Add(p.cfg.HeaderTimeout), false)
+		}}
+		h, err := readClientHello(r)
+		fromClient <- helloRead{h, err}
+	}()
+	stop := context.AfterFunc(ctx, func() { setDeadline(time.Now(), true) })
+
+	var hr helloRead
+	var ur upRead
+	upSpoke, gotUp := false, false
+	select {
+	case hr = <-fromClient:
+	case ur = <-fromUp:
+		gotUp = true
+		if upSpoke = len(ur.b) > 0; upSpoke {
+			setDeadline(time.Now(), true) // not TLS: end the client's read, keep what it got
+		}
+		// An upstream that ends without a byte says nothing about the
+		// client, whose hello is still checked; the tunnel passes its EOF
+		// on later (a read after EOF returns EOF again).
+		hr = <-fromClient
+	}
+	if !upSpoke {
+		up.SetReadDeadline(time.Now()) // end the upstream read, keep what it got
+		if !gotUp {
+			ur = <-fromUp
+		}
+	}
+	stop()
+	c.SetReadDeadline(time.Time{})
+	up.SetReadDeadline(time.Time{})
+	toUp = hr.h.raw
+	if len(toUp) < len(early) {
+		toUp = append(toUp, early[len(toUp):]...)
+	}
+	toClient = ur.b
+	quiet := len(hr.h.raw) == 0 // the client sent no byte
+	switch {
+	case hr.err == nil && !hr.h.tls:
+		return toUp, toClient, false, nil, "" // not TLS
+	case hr.err == nil:
+		// A whole ClientHello, checked below.
+	case errors.Is(hr.err, errBadHello):
+		return toUp, toClient, true, &refusal{http.StatusForbidden, fmt.Sprintf(
+			"the tunnel to %s began with a malformed TLS ClientHello; send a standard TLS handshake", quote(host))}, ""
+	case ctx.Err() != nil:
+		return toUp, toClient, hr.h.tls, nil, CloseCtx
+	case quiet && (upSpoke || errors.Is(hr.err, io.EOF)):
+		// The upstream spoke first, or the client half-closed without a
+		// byte: nothing of the client's is left to check.
+		return toUp, toClient, false, nil, ""
+	case quiet && isTimeout(hr.err):
+		if !time.Now().Before(lifeEnd) {
+			return toUp, toClient, false, nil, CloseLifetime
+		}
+		return toUp, toClient, false, nil, CloseIdle
+	case quiet:
+		return toUp, toClient, false, nil, CloseError
+	case upSpoke:
+		return toUp, toClient, true, &refusal{http.StatusForbidden, fmt.Sprintf(
+			"the upstream %s spoke while the client's TLS ClientHello was still arriving; a tunnel that begins like TLS passes only once its whole ClientHello is checked", quote(host))}, ""
+	case isTimeout(hr.err):
+		return toUp, toClient, true, &refusal{http.StatusRequestTimeout, fmt.Sprintf(
+			"the TLS ClientHello to %s did not arrive whole within %v of its first byte; the proxy checks the whole ClientHello before it passes a byte on, so send it at once", quote(host), p.cfg.HeaderTimeout)}, ""
+	default:
+		return toUp, toClient, true, &refusal{http.StatusBadRequest, fmt.Sprintf(
+			"the TLS ClientHello to %s ended before it was whole; a tunnel that begins like TLS passes only once its whole ClientHello is checked", quote(host))}, ""
+	}
+	if hr.h.sni == "" {
+		return toUp, toClient, true, nil, "" // no server name: an accepted limit
+	}
+	if sni := strings.TrimSuffix(asciiLower(hr.h.sni), "."); sni != host {
+		return toUp, toClient, true, &refusal{http.StatusForbidden, fmt.Sprintf(
+			"the TLS ClientHello names %s, not %s, the host this tunnel was allowed for; connect to the host you name",
+			quote(truncate(sni, maxLoggedHost)), quote(host))}, ""
+	}
+	return toUp, toClient, true, nil, ""
+}
+
+// firstByteReader calls first once, after the first read that returns a
+// byte.
+type firstByteReader struct {
+	r     io.Reader
+	first func()
+	seen  bool
+}
+
+func (f *firstByteReader) Read(b []byte) (int, error) {
+	n, err := f.r.Read(b)
+	if n > 0 && !f.seen {
+		f.seen = true
+		f.first()
+	}
+	return n, err
+}
 
 // readClientHello reads the first TLS records from r until it holds the
 // whole ClientHello, and extracts the SNI. If the first byte is not a TLS

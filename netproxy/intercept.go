@@ -1,6 +1,9 @@
 package netproxy
 
 import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,7 +13,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -216,21 +221,17 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 	defer tr.CloseIdleConnections()
 	rp := &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { t.rewrite(pr, authority) },
-		Transport:     tr,
+		Transport:     &scrubTransport{rt: tr, s: t.rw.scrub, host: host},
 		FlushInterval: -1,
 		ErrorLog:      discard,
-		ModifyResponse: func(r *http.Response) error {
-			for _, vs := range r.Header {
-				for i, v := range vs {
-					vs[i] = t.rw.restore(v)
-				}
-			}
-			return nil
-		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			why := p.secrets.scrub(innermost(err))
+			why := p.secrets.scrub(t.rw.scrub.scrubString(innermost(err)))
 			p.log.Warn("an intercepted request failed", "sandbox", sb.id, "host", host, "err", why)
 			reason := fmt.Sprintf("the request to %s failed: %s", host, quote(why))
+			var ur *unscrubbable
+			if errors.As(err, &ur) {
+				reason = ur.reason
+			}
 			w.Header().Set(ErrorHeader, headerSafe(reason))
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(http.StatusBadGateway)
@@ -251,6 +252,17 @@ func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, 
 		handlers.Add(1)
 		hmu.Unlock()
 		defer handlers.Done()
+		if up := r.Header.Get("Upgrade"); up != "" && strings.Contains(strings.ToLower(strings.Join(r.Header.Values("Connection"), ",")), "upgrade") {
+			// After a 101 the host's bytes would reach the sandbox as
+			// they come, with nothing to scrub them.
+			reason := fmt.Sprintf("the proxy does not switch protocols (Upgrade: %s) on a connection to %s, a host it puts a secret into: it could not turn the secret back into its placeholder in what the host sends; use plain HTTPS requests", quote(truncate(up, 40)), host)
+			w.Header().Set(ErrorHeader, headerSafe(reason))
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, reason+"\n")
+			return
+		}
 		rp.ServeHTTP(w, r)
 	})
 	srv := &http.Server{
@@ -363,7 +375,10 @@ func (t *intercepted) dialUpstream(ctx context.Context, _, _ string) (net.Conn, 
 
 // rewrite makes the outgoing request: to the CONNECT target, whatever
 // Host the client sent, with the sandbox's placeholders for this host
-// replaced in the request target and every header.
+// replaced where each secret goes (Authorization and the secret's other
+// header fields; the request target only for a secret with InURL). It asks
+// for the response in a form the proxy can scrub: whole (no Range) and not
+// compressed (Accept-Encoding: identity).
 func (t *intercepted) rewrite(pr *httputil.ProxyRequest, authority string) {
 	out := pr.Out
 	out.URL.Scheme, out.URL.Host, out.Host = "https", authority, authority
@@ -380,7 +395,7 @@ func (t *intercepted) rewrite(pr *httputil.ProxyRequest, authority string) {
 	if strings.HasPrefix(uri, "/") {
 		// Keep the request target as the client wrote it (escapes
 		// included), only with the placeholders replaced.
-		uri = t.rw.replace(uri, t.used)
+		uri = t.rw.replaceURL(uri, t.used)
 		path, query, _ := strings.Cut(uri, "?")
 		out.URL.Opaque, out.URL.RawQuery = path, query
 		out.URL.Path, out.URL.RawPath = "", ""
@@ -396,6 +411,12 @@ func (t *intercepted) rewrite(pr *httputil.ProxyRequest, authority string) {
 			vs[i] = t.rw.replaceHeader(k, v, t.used)
 		}
 	}
+	// A compressed body could not be scrubbed as it streams, and byte
+	// ranges would let a sandbox fetch a reflected value in pieces, each
+	// too short to be recognised.
+	out.Header.Set("Accept-Encoding", "identity")
+	out.Header.Del("Range")
+	out.Header.Del("If-Range")
 	for i, u := range t.used {
 		if u && !t.reported[i] {
 			t.reported[i] = true
@@ -429,4 +450,131 @@ func (c *prefixConn) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(b)
+}
+
+// scrubTransport is an intercepted tunnel's transport to its host: what
+// the host answers has the tunnel's secret values turned back into their
+// placeholders before the sandbox sees it. That is the header of each
+// informational (1xx) response, the final response's header, its body as
+// it streams (decompressed first if the host compressed it although asked
+// not to) and its trailer. A body in an encoding the proxy cannot decode
+// is refused (502), never passed on unscrubbed.
+type scrubTransport struct {
+	rt   http.RoundTripper
+	s    *scrubber
+	host string
+}
+
+func (st *scrubTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	// This trace is newer than the reverse proxy's, so its hook runs first
+	// and the proxy copies the scrubbed header to the sandbox.
+	ctx := httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+			st.s.scrubHeader(http.Header(h))
+			return nil
+		},
+	})
+	resp, err := st.rt.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	st.s.scrubHeader(resp.Header)
+	st.s.scrubHeader(resp.Trailer) // the names announced so far
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		resp.Body.Close()
+		return nil, &unscrubbable{fmt.Sprintf("%s switched protocols, which the proxy does not pass on from a host it puts a secret into: it could not turn the secret back into its placeholder in what the host sends", st.host)}
+	}
+	if resp.Body == nil || resp.Body == http.NoBody || req.Method == http.MethodHead {
+		return resp, nil
+	}
+	var decode func(io.Reader) (io.Reader, error)
+	switch ce := strings.ToLower(strings.TrimSpace(strings.Join(resp.Header.Values("Content-Encoding"), ","))); ce {
+	case "", "identity":
+	case "gzip", "x-gzip":
+		decode = func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) }
+	case "deflate":
+		decode = func(r io.Reader) (io.Reader, error) { return zlib.NewReader(r) }
+	default:
+		resp.Body.Close()
+		return nil, &unscrubbable{fmt.Sprintf("%s sent its response in the content coding %s although asked for none; the proxy cannot turn the secret back into its placeholder in it, so it passes none of it on", st.host, quote(truncate(ce, 40)))}
+	}
+	if decode != nil {
+		resp.Header.Del("Content-Encoding")
+	}
+	body := &scrubBody{ReadCloser: resp.Body, resp: resp, s: st.s, decode: decode}
+	if 0 <= resp.ContentLength && resp.ContentLength <= maxBufferedBody {
+		// A small body is read whole and scrubbed, so that it keeps a
+		// Content-Length (its new one): a client that wants one gets it.
+		b, err := io.ReadAll(io.LimitReader(body, maxBufferedBody+1))
+		if err != nil {
+			body.Close()
+			return nil, err
+		}
+		if len(b) <= maxBufferedBody {
+			resp.Body = readCloser{bytes.NewReader(b), body}
+			resp.ContentLength = int64(len(b))
+			resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+			return resp, nil
+		}
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(b), body), body} // it grew as it was decoded
+	} else {
+		resp.Body = body
+	}
+	// Scrubbing changes the length: the sandbox gets the body chunked.
+	resp.Header.Del("Content-Length")
+	resp.ContentLength = -1
+	return resp, nil
+}
+
+// maxBufferedBody is the largest response body that an intercepted tunnel
+// reads whole before passing it on (to give it its scrubbed length); a
+// larger one streams, chunked.
+const maxBufferedBody = 64 << 10
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// unscrubbable is a response the proxy refuses to pass on because it
+// cannot scrub it; reason says why, to the sandbox.
+type unscrubbable struct{ reason string }
+
+func (u *unscrubbable) Error() string { return u.reason }
+
+// scrubBody is a response body read through a scrubReader, decompressed
+// first if decode is set. At the end of the body it scrubs the trailer.
+type scrubBody struct {
+	io.ReadCloser
+	resp   *http.Response
+	s      *scrubber
+	decode func(io.Reader) (io.Reader, error)
+	r      io.Reader
+}
+
+func (b *scrubBody) Read(p []byte) (int, error) {
+	if b.r == nil {
+		src := io.Reader(b.ReadCloser)
+		if b.decode != nil {
+			d, err := b.decode(src)
+			if err != nil {
+				return 0, fmt.Errorf("the compressed body could not be decoded: %w", err)
+			}
+			src = d
+		}
+		b.r = newScrubReader(b.s, src, b.scrubTrailer)
+	}
+	return b.r.Read(p)
+}
+
+// Close closes the body, after which the trailer is whole, and scrubs the
+// trailer (the reverse proxy copies it after Close).
+func (b *scrubBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.scrubTrailer()
+	return err
+}
+
+func (b *scrubBody) scrubTrailer() {
+	b.s.scrubHeader(b.resp.Trailer)
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -16,7 +17,10 @@ import (
 // Secret is a credential the proxy puts into requests to its hosts, so that
 // the sandbox never holds it. The sandbox gets Name set to a placeholder
 // ([Proxy.SecretEnv]); in a request to one of Hosts, the proxy replaces that
-// placeholder by Value in the request line and headers.
+// placeholder by Value where a credential belongs: the Authorization
+// header (inside Basic credentials too) and the headers in Headers; in the
+// path and query only with InURL. Everything the host sends back has Value,
+// in its common encodings, turned back into the placeholder.
 type Secret struct {
 	// Name is the environment variable the sandbox sees, such as
 	// "GITHUB_TOKEN".
@@ -27,11 +31,25 @@ type Secret struct {
 	// Hosts are the exact host names (no wildcards, no ports) whose
 	// requests get Value. Each must be on the allowlist.
 	Hosts []string
+	// Headers are further request header fields, besides Authorization,
+	// whose placeholder is replaced (such as "X-Api-Key"). Names that
+	// frame or route a request (Host, Content-Length, hop-by-hop fields)
+	// are refused.
+	Headers []string
+	// InURL replaces the placeholder in the request's path and query too.
+	// A host that quotes its URLs back (redirects, error pages, logs it
+	// shows) then holds the value in more places; see docs/secrets.md.
+	InURL bool
 }
 
 // MaxSecretBytes bounds a secret's value: it goes into HTTP headers, whose
 // size a server limits (often to 8 KiB in all).
 const MaxSecretBytes = 4 << 10
+
+// MinSecretBytes is the shortest value a secret may have: the proxy turns
+// the value back into the placeholder wherever it appears in what a host
+// answers, and a shorter value would match ordinary text.
+const MinSecretBytes = 8
 
 // placeholderPrefix starts every placeholder, so that one is recognisable
 // in a log or a bug report for what it is.
@@ -39,36 +57,89 @@ const placeholderPrefix = "sbx-secret-"
 
 var secretName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// ParseSecretSpec parses "NAME@HOST[,HOST...]", the form of --secret, into
-// a name and normalised host names.
-func ParseSecretSpec(spec string) (name string, hosts []string, err error) {
-	name, list, ok := strings.Cut(spec, "@")
+// SecretSpecForm is the form of a --secret value, for messages.
+const SecretSpecForm = "NAME@HOST[,HOST...][:header=FIELD][:url]"
+
+// ParseSecretSpec parses NAME@HOST[,HOST...][:OPTION...], the form of
+// --secret, into a Secret without its Value: a name, normalised host names
+// and the options. An option is "header=FIELD" (the placeholder is
+// replaced in that request header field too, besides Authorization;
+// repeatable) or "url" (in the request's path and query too).
+func ParseSecretSpec(spec string) (Secret, error) {
+	name, rest, ok := strings.Cut(spec, "@")
+	list, opts, _ := strings.Cut(rest, ":")
 	if !ok || name == "" || list == "" {
-		return "", nil, fmt.Errorf("%q is not NAME@HOST[,HOST...]; write e.g. GITHUB_TOKEN@github.com,api.github.com", truncate(spec, 100))
+		return Secret{}, fmt.Errorf("%q is not %s; write e.g. GITHUB_TOKEN@github.com,api.github.com", truncate(spec, 100), SecretSpecForm)
 	}
 	if !secretName.MatchString(name) {
-		return "", nil, fmt.Errorf("%q is not a valid variable name: use letters, digits and _ and start with a letter or _", truncate(name, 100))
+		return Secret{}, fmt.Errorf("%q is not a valid variable name: use letters, digits and _ and start with a letter or _", truncate(name, 100))
 	}
+	sec := Secret{Name: name}
 	for _, h := range strings.Split(list, ",") {
 		h = strings.TrimSpace(h)
 		if strings.HasPrefix(h, "*.") {
-			return "", nil, fmt.Errorf("secret %s: host %q is a wildcard; name each host the secret is for (a secret goes to exact names only)", name, truncate(h, 100))
+			return Secret{}, fmt.Errorf("secret %s: host %q is a wildcard; name each host the secret is for (a secret goes to exact names only)", name, truncate(h, 100))
 		}
-		if strings.ContainsAny(h, ":/") {
-			return "", nil, fmt.Errorf("secret %s: host %q has a port or a path; give the bare host name (the port comes from --allow-host)", name, truncate(h, 100))
+		if strings.Contains(h, "/") {
+			return Secret{}, fmt.Errorf("secret %s: host %q has a path; give the bare host name", name, truncate(h, 100))
 		}
 		norm, kind, problem := normalizeHost(h)
 		switch {
 		case kind == hostIP:
-			return "", nil, fmt.Errorf("secret %s: host %q is an IP address; the proxy tunnels to names only, give the host's name", name, h)
+			return Secret{}, fmt.Errorf("secret %s: host %q is an IP address; the proxy tunnels to names only, give the host's name", name, h)
 		case problem != "":
-			return "", nil, fmt.Errorf("secret %s: host %q: %s", name, truncate(h, 100), problem)
+			return Secret{}, fmt.Errorf("secret %s: host %q: %s", name, truncate(h, 100), problem)
 		}
-		if !slices.Contains(hosts, norm) {
-			hosts = append(hosts, norm)
+		if !slices.Contains(sec.Hosts, norm) {
+			sec.Hosts = append(sec.Hosts, norm)
 		}
 	}
-	return name, hosts, nil
+	if opts == "" && strings.Contains(rest, ":") {
+		return Secret{}, fmt.Errorf("secret %s: an empty option after ':'; the options are header=FIELD and url", name)
+	}
+	for _, o := range strings.Split(opts, ":") {
+		o = strings.TrimSpace(o)
+		switch field, isHeader := strings.CutPrefix(o, "header="); {
+		case opts == "":
+		case o == "url":
+			sec.InURL = true
+		case isHeader:
+			canon, why := checkSecretHeader(field)
+			if why != "" {
+				return Secret{}, fmt.Errorf("secret %s: header %q %s", name, truncate(field, 100), why)
+			}
+			if canon != "Authorization" && !slices.Contains(sec.Headers, canon) {
+				sec.Headers = append(sec.Headers, canon)
+			}
+		default:
+			return Secret{}, fmt.Errorf("secret %s: unknown option %q; the options are header=FIELD (the placeholder is replaced in that request header too) and url (in the path and query too), as in %s; a host takes no port here (the port comes from --allow-host)",
+				name, truncate(o, 100), SecretSpecForm)
+		}
+	}
+	return sec, nil
+}
+
+// routingHeaders are request header fields a secret may not go into: they
+// frame or route the request, or never reach the host (hop-by-hop).
+var routingHeaders = []string{"Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive",
+	"Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Upgrade", "Expect", "Range", "If-Range", "Accept-Encoding"}
+
+// checkSecretHeader returns the canonical form of a header field name a
+// secret may go into, or says what is wrong with it.
+func checkSecretHeader(field string) (canon, why string) {
+	if field == "" {
+		return "", "is empty"
+	}
+	for i := 0; i < len(field); i++ {
+		if c := field[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return "", "is not a header field name"
+		}
+	}
+	canon = http.CanonicalHeaderKey(field)
+	if slices.Contains(routingHeaders, canon) {
+		return "", "frames or routes the request, or never reaches the host; a secret cannot go there"
+	}
+	return canon, ""
 }
 
 // checkSecretValue says what is wrong with a secret's value, or "".
@@ -78,6 +149,8 @@ func checkSecretValue(v string) string {
 		return "its value is empty"
 	case len(v) > MaxSecretBytes:
 		return fmt.Sprintf("its value is longer than %d bytes", MaxSecretBytes)
+	case len(v) < MinSecretBytes:
+		return fmt.Sprintf("its value is shorter than %d bytes: the proxy turns the value back into the placeholder in everything the host answers, and a value that short would match ordinary text", MinSecretBytes)
 	case strings.ContainsAny(v, "\r\n\x00"):
 		return "its value holds a line break or NUL, which cannot go into an HTTP header"
 	case strings.HasPrefix(v, placeholderPrefix):
@@ -91,7 +164,8 @@ func checkSecretValue(v string) string {
 type secretSet struct {
 	key     [32]byte
 	secrets []Secret
-	byHost  map[string][]int // host -> indexes into secrets
+	byHost  map[string][]int       // host -> indexes into secrets
+	scrubs  map[string]*scrubIndex // host -> its secrets' values, to scrub responses of
 }
 
 func newSecretSet(secrets []Secret, allow *Allowlist) (*secretSet, error) {
@@ -119,7 +193,17 @@ func newSecretSet(secrets []Secret, allow *Allowlist) (*secretSet, error) {
 			errs = append(errs, fmt.Errorf("secret %s names no host", sec.Name))
 			continue
 		}
-		c := Secret{Name: sec.Name, Value: sec.Value}
+		c := Secret{Name: sec.Name, Value: sec.Value, InURL: sec.InURL}
+		for _, f := range sec.Headers {
+			canon, why := checkSecretHeader(f)
+			if why != "" {
+				errs = append(errs, fmt.Errorf("secret %s: header %q %s", sec.Name, truncate(f, 100), why))
+				continue
+			}
+			if canon != "Authorization" && !slices.Contains(c.Headers, canon) {
+				c.Headers = append(c.Headers, canon)
+			}
+		}
 		for _, h := range sec.Hosts {
 			norm, kind, problem := normalizeHost(h)
 			if kind != hostName || problem != "" || strings.HasPrefix(norm, "*.") {
@@ -139,6 +223,20 @@ func newSecretSet(secrets []Secret, allow *Allowlist) (*secretSet, error) {
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	forms := make([][]form, len(s.secrets))
+	for i, sec := range s.secrets {
+		forms[i] = valueForms(sec.Value)
+	}
+	s.scrubs = map[string]*scrubIndex{}
+	for host, idx := range s.byHost {
+		var values []string
+		var fs [][]form
+		for _, i := range idx {
+			values = append(values, s.secrets[i].Value)
+			fs = append(fs, forms[i])
+		}
+		s.scrubs[host] = newScrubIndex(values, fs)
 	}
 	return s, nil
 }
@@ -169,6 +267,9 @@ type rewriter struct {
 	names        []string
 	placeholders []string
 	values       []string
+	headers      [][]string // each secret's header fields besides Authorization
+	inURL        []bool
+	scrub        *scrubber // turns the values back into the placeholders
 }
 
 // rewriter returns the replacements for requests from sandbox to host.
@@ -176,21 +277,29 @@ func (s *secretSet) rewriter(sandbox, host string) *rewriter {
 	rw := &rewriter{}
 	for _, i := range s.byHost[host] {
 		sec := s.secrets[i]
+		ph := s.placeholder(sandbox, sec.Name)
 		rw.names = append(rw.names, sec.Name)
-		rw.placeholders = append(rw.placeholders, s.placeholder(sandbox, sec.Name))
+		rw.placeholders = append(rw.placeholders, ph)
 		rw.values = append(rw.values, sec.Value)
+		rw.headers = append(rw.headers, sec.Headers)
+		rw.inURL = append(rw.inURL, sec.InURL)
+	}
+	rw.scrub = &scrubber{scrubIndex: s.scrubs[host], placeholders: rw.placeholders}
+	if rw.scrub.scrubIndex == nil {
+		rw.scrub.scrubIndex = &scrubIndex{}
 	}
 	return rw
 }
 
-// replace returns v with every placeholder replaced by its value, and sets
-// used[i] for each secret i replaced.
-func (rw *rewriter) replace(v string, used []bool) string {
+// replace returns v with the placeholder of every secret i for which
+// where(i) holds replaced by its value, and sets used[i] for each secret
+// replaced.
+func (rw *rewriter) replace(v string, used []bool, where func(i int) bool) string {
 	if !strings.Contains(v, placeholderPrefix) {
 		return v
 	}
 	for i, ph := range rw.placeholders {
-		if strings.Contains(v, ph) {
+		if where(i) && strings.Contains(v, ph) {
 			v = strings.ReplaceAll(v, ph, rw.values[i])
 			used[i] = true
 		}
@@ -198,34 +307,27 @@ func (rw *rewriter) replace(v string, used []bool) string {
 	return v
 }
 
-// replaceHeader is replace for a header value. For "Basic" credentials
-// (Authorization, Proxy-Authorization) the user:password pair is decoded,
-// replaced and encoded again.
+// replaceURL replaces the placeholders of the secrets that go into the
+// path and query (Secret.InURL) in a request target.
+func (rw *rewriter) replaceURL(uri string, used []bool) string {
+	return rw.replace(uri, used, func(i int) bool { return rw.inURL[i] })
+}
+
+// replaceHeader is replace for a value of the header field key (in
+// canonical form): the placeholders of the secrets that go into that field
+// (Authorization, or one of the secret's Headers) are replaced. "Basic"
+// credentials are decoded, replaced and encoded again.
 func (rw *rewriter) replaceHeader(key, v string, used []bool) string {
-	if key == "Authorization" || key == "Proxy-Authorization" {
-		if scheme, cred, ok := strings.Cut(v, " "); ok && strings.EqualFold(scheme, "Basic") {
-			cred = strings.TrimSpace(cred)
-			if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
-				if r := rw.replace(string(raw), used); r != string(raw) {
-					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(r))
-				}
+	where := func(i int) bool { return key == "Authorization" || slices.Contains(rw.headers[i], key) }
+	if scheme, cred, ok := strings.Cut(v, " "); ok && strings.EqualFold(scheme, "Basic") {
+		cred = strings.TrimSpace(cred)
+		if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
+			if r := rw.replace(string(raw), used, where); r != string(raw) {
+				return scheme + " " + base64.StdEncoding.EncodeToString([]byte(r))
 			}
 		}
 	}
-	return rw.replace(v, used)
-}
-
-// restore is the reverse for what goes back to the sandbox: every real
-// value in v becomes the sandbox's placeholder again. The proxy applies it
-// to response headers (a redirect that carries the token in its URL);
-// bodies are not rewritten.
-func (rw *rewriter) restore(v string) string {
-	for i, val := range rw.values {
-		if strings.Contains(v, val) {
-			v = strings.ReplaceAll(v, val, rw.placeholders[i])
-		}
-	}
-	return v
+	return rw.replace(v, used, where)
 }
 
 // scrub replaces every secret's value in s by "[secret NAME]". Text that

@@ -25,33 +25,43 @@ const testSecret = "real-Secret-value-0123456789"
 
 func TestParseSecretSpec(t *testing.T) {
 	good := []struct {
-		spec  string
-		name  string
-		hosts []string
+		spec string
+		want Secret
 	}{
-		{"GITHUB_TOKEN@github.com", "GITHUB_TOKEN", []string{"github.com"}},
-		{"T@GitHub.com.,api.github.com, github.com", "T", []string{"github.com", "api.github.com"}},
-		{"_x@localhost", "_x", []string{"localhost"}},
+		{"GITHUB_TOKEN@github.com", Secret{Name: "GITHUB_TOKEN", Hosts: []string{"github.com"}}},
+		{"T@GitHub.com.,api.github.com, github.com", Secret{Name: "T", Hosts: []string{"github.com", "api.github.com"}}},
+		{"_x@localhost", Secret{Name: "_x", Hosts: []string{"localhost"}}},
+		{"K@api.example.com:header=x-api-key:header=X-Api-Key:header=Authorization",
+			Secret{Name: "K", Hosts: []string{"api.example.com"}, Headers: []string{"X-Api-Key"}}},
+		{"M@maps.example.com:url", Secret{Name: "M", Hosts: []string{"maps.example.com"}, InURL: true}},
+		{"G@a.test,b.test:header=Private-Token:url", Secret{Name: "G", Hosts: []string{"a.test", "b.test"}, Headers: []string{"Private-Token"}, InURL: true}},
 	}
 	for _, g := range good {
-		name, hosts, err := ParseSecretSpec(g.spec)
-		if err != nil || name != g.name || strings.Join(hosts, ",") != strings.Join(g.hosts, ",") {
-			t.Errorf("ParseSecretSpec(%q) = %q %q %v, want %q %q", g.spec, name, hosts, err, g.name, g.hosts)
+		got, err := ParseSecretSpec(g.spec)
+		if err != nil || got.Name != g.want.Name || got.Value != "" || got.InURL != g.want.InURL ||
+			strings.Join(got.Hosts, ",") != strings.Join(g.want.Hosts, ",") || strings.Join(got.Headers, ",") != strings.Join(g.want.Headers, ",") {
+			t.Errorf("ParseSecretSpec(%q) = %+v %v, want %+v", g.spec, got, err, g.want)
 		}
 	}
 	bad := map[string]string{
-		"TOKEN":                  "NAME@HOST",
-		"TOKEN@":                 "NAME@HOST",
-		"@github.com":            "NAME@HOST",
-		"1TOKEN@github.com":      "not a valid variable name",
-		"TOKEN@*.github.com":     "wildcard",
-		"TOKEN@github.com:443":   "port",
-		"TOKEN@github.com/x":     "port or a path",
-		"TOKEN@127.0.0.1":        "IP address",
-		"TOKEN@github.com,bad!x": "bad!x",
+		"TOKEN":                           "NAME@HOST",
+		"TOKEN@":                          "NAME@HOST",
+		"@github.com":                     "NAME@HOST",
+		"1TOKEN@github.com":               "not a valid variable name",
+		"TOKEN@*.github.com":              "wildcard",
+		"TOKEN@github.com:443":            "takes no port",
+		"TOKEN@github.com/x":              "has a path",
+		"TOKEN@127.0.0.1":                 "IP address",
+		"TOKEN@github.com,bad!x":          "bad!x",
+		"TOKEN@github.com:":               "empty option",
+		"TOKEN@github.com:query":          `unknown option "query"`,
+		"TOKEN@github.com:header=":        "is empty",
+		"TOKEN@github.com:header=Host":    "frames or routes",
+		"TOKEN@github.com:header=Cookie:": `unknown option ""`,
+		"TOKEN@github.com:header=a b":     "not a header field name",
 	}
 	for spec, want := range bad {
-		_, _, err := ParseSecretSpec(spec)
+		_, err := ParseSecretSpec(spec)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseSecretSpec(%q) = %v, want an error saying %q", spec, err, want)
 		}
@@ -64,8 +74,10 @@ func TestNewChecksSecrets(t *testing.T) {
 		"not on the --allow-host list": {Name: "T", Value: "secret-v-123", Hosts: []string{"other.example.com"}},
 		"value is empty":               {Name: "T", Hosts: []string{"api.example.com"}},
 		"line break":                   {Name: "T", Value: "a\r\nX-Injected: 1", Hosts: []string{"api.example.com"}},
-		"names no host":                {Name: "T", Value: "v"},
+		"names no host":                {Name: "T", Value: "secret-v-123"},
 		"valid variable name":          {Name: "T-1", Value: "secret-v-123", Hosts: []string{"api.example.com"}},
+		"shorter than 8 bytes":         {Name: "T", Value: "Zq9x", Hosts: []string{"api.example.com"}},
+		"frames or routes":             {Name: "T", Value: "secret-v-123", Hosts: []string{"api.example.com"}, Headers: []string{"content-length"}},
 	}
 	for want, s := range cases {
 		_, err := New(Config{Allow: allow, Secrets: []Secret{s}})
@@ -77,10 +89,10 @@ func TestNewChecksSecrets(t *testing.T) {
 		}
 	}
 	// A host under an allowed wildcard is allowed.
-	if _, err := New(Config{Allow: allow, Secrets: []Secret{{Name: "T", Value: "v", Hosts: []string{"pkg.example.org"}}}}); err != nil {
+	if _, err := New(Config{Allow: allow, Secrets: []Secret{{Name: "T", Value: "secret-v-123", Hosts: []string{"pkg.example.org"}}}}); err != nil {
 		t.Error(err)
 	}
-	if _, err := New(Config{Allow: allow, Secrets: []Secret{{Name: "T", Value: "v", Hosts: []string{"api.example.com"}}, {Name: "T", Value: "w", Hosts: []string{"api.example.com"}}}}); err == nil {
+	if _, err := New(Config{Allow: allow, Secrets: []Secret{{Name: "T", Value: "secret-v-123", Hosts: []string{"api.example.com"}}, {Name: "T", Value: "secret-w-123", Hosts: []string{"api.example.com"}}}}); err == nil {
 		t.Error("a secret given twice was accepted")
 	}
 }
@@ -154,21 +166,25 @@ func TestPlaceholdersAndCA(t *testing.T) {
 
 func TestRewriter(t *testing.T) {
 	s, err := newSecretSet([]Secret{
-		{Name: "A", Value: "valueA", Hosts: []string{"a.test"}},
-		{Name: "B", Value: "valueB", Hosts: []string{"b.test"}},
+		{Name: "A", Value: "valueA-0123", Hosts: []string{"a.test"}, Headers: []string{"x-api-key"}},
+		{Name: "B", Value: "valueB-0123", Hosts: []string{"b.test"}},
+		{Name: "U", Value: "valueU-0123", Hosts: []string{"a.test"}, InURL: true},
 	}, mustAllowlist(t, "a.test", "b.test"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rw := s.rewriter("sb", "a.test")
-	phA, phB, phOther := s.placeholder("sb", "A"), s.placeholder("sb", "B"), s.placeholder("other", "A")
-	used := make([]bool, 1)
-	if got := rw.replaceHeader("Authorization", "Bearer "+phA, used); got != "Bearer valueA" || !used[0] {
+	phA, phB, phU, phOther := s.placeholder("sb", "A"), s.placeholder("sb", "B"), s.placeholder("sb", "U"), s.placeholder("other", "A")
+	used := make([]bool, 2)
+	if got := rw.replaceHeader("Authorization", "Bearer "+phA, used); got != "Bearer valueA-0123" || !used[0] {
 		t.Errorf("bearer: %q %v", got, used)
 	}
 	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("x:"+phA))
-	if got := rw.replaceHeader("Authorization", basic, used); got != "Basic "+base64.StdEncoding.EncodeToString([]byte("x:valueA")) {
+	if got := rw.replaceHeader("Authorization", basic, used); got != "Basic "+base64.StdEncoding.EncodeToString([]byte("x:valueA-0123")) {
 		t.Errorf("basic: %q", got)
+	}
+	if got := rw.replaceHeader("X-Api-Key", phA, used); got != "valueA-0123" {
+		t.Errorf("a header the secret names: %q", got)
 	}
 	used[0] = false
 	for _, v := range []string{"Bearer " + phB, phOther, "Basic " + base64.StdEncoding.EncodeToString([]byte("x:"+phB))} {
@@ -176,10 +192,22 @@ func TestRewriter(t *testing.T) {
 			t.Errorf("%q became %q: another host's or sandbox's placeholder was replaced", v, got)
 		}
 	}
-	if got := rw.restore("https://x:valueA@a.test/"); got != "https://x:"+phA+"@a.test/" {
-		t.Errorf("restore: %q", got)
+	for _, k := range []string{"X-Token", "Cookie", "User-Agent", "Referer"} {
+		if got := rw.replaceHeader(k, "t="+phA, used); got != "t="+phA || used[0] {
+			t.Errorf("%s: %q, want the placeholder unchanged in a header the secret does not name", k, got)
+		}
 	}
-	if got := s.scrub("oops valueA and valueB"); got != "oops [secret A] and [secret B]" {
+	if got := rw.replaceHeader("X-Api-Key", phU, used); got != phU || used[1] {
+		t.Errorf("U's placeholder in A's header: %q", got)
+	}
+	uri := "/p/" + phA + "?a=" + phA + "&u=" + phU
+	if got := rw.replaceURL(uri, used); got != "/p/"+phA+"?a="+phA+"&u=valueU-0123" || used[0] || !used[1] {
+		t.Errorf("request target %q became %q %v: only the secret with InURL goes into the URL", uri, got, used)
+	}
+	if got := rw.scrub.scrubString("https://x:valueA-0123@a.test/?u=valueU%2d0123"); got != "https://x:"+phA+"@a.test/?u="+phU {
+		t.Errorf("scrub: %q", got)
+	}
+	if got := s.scrub("oops valueA-0123 and valueB-0123"); got != "oops [secret A] and [secret B]" {
 		t.Errorf("scrub: %q", got)
 	}
 }
@@ -233,7 +261,7 @@ func secretHarness(t *testing.T, srv *httptest.Server, roots *x509.CertPool, hos
 	h := newHarness(t, Config{
 		AllowPrivate: true,
 		Allow:        mustAllowlist(t, fmt.Sprintf("%s:%d", host, port), fmt.Sprintf("plain.example.com:%d", port)),
-		Secrets:      []Secret{{Name: "TOKEN", Value: testSecret, Hosts: []string{host}}},
+		Secrets:      []Secret{{Name: "TOKEN", Value: testSecret, Hosts: []string{host}, Headers: []string{"X-Token"}}},
 		RootCAs:      roots,
 		OnSecretUse: func(u SecretUse) {
 			mu.Lock()
@@ -258,8 +286,9 @@ func upstreamRoots(srv *httptest.Server) *x509.CertPool {
 }
 
 // TestInterceptInjectsSecret: requests to the secret's host carry the real
-// value where the sandbox wrote its placeholder (bearer header, Basic
-// credentials from the URL, the query), over one kept-alive tunnel with
+// value where the sandbox wrote its placeholder in a credential (bearer
+// header, Basic credentials from the URL, a header the secret names), but
+// not in the query, which keeps the placeholder; over one kept-alive tunnel with
 // bodies streamed both ways; the sandbox never receives the value, and
 // neither the logs nor the records hold it.
 func TestInterceptInjectsSecret(t *testing.T) {
@@ -311,7 +340,7 @@ func TestInterceptInjectsSecret(t *testing.T) {
 	if len(s) != 3 {
 		t.Fatalf("upstream saw %d requests, want 3", len(s))
 	}
-	if s[0].uri != "/a?token="+testSecret || s[0].auth != "Bearer "+testSecret || s[0].token != "t="+testSecret || s[0].host != fmt.Sprintf("example.com:%d", port) {
+	if s[0].uri != "/a?token="+ph || s[0].auth != "Bearer "+testSecret || s[0].token != "t="+testSecret || s[0].host != fmt.Sprintf("example.com:%d", port) {
 		t.Errorf("first request as seen upstream: %+v", s[0])
 	}
 	if s[1].auth != "Basic "+base64.StdEncoding.EncodeToString([]byte("x:"+testSecret)) || s[1].body != 1<<20 {
@@ -503,8 +532,8 @@ func TestInterceptRedialsAndIdles(t *testing.T) {
 	var mu sync.Mutex
 	conns := 0
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Connection", "close") // one request per connection
-		io.WriteString(w, r.Header.Get("Authorization"))
+		w.Header().Set("Connection", "close")                    // one request per connection
+		io.WriteString(w, digest(r.Header.Get("Authorization"))) // the value itself would come back as the placeholder
 	}))
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -541,8 +570,8 @@ func TestInterceptRedialsAndIdles(t *testing.T) {
 			t.Fatalf("request %d: %v", i, err)
 		}
 		body, _ := io.ReadAll(r.Body)
-		if string(body) != "Bearer "+testSecret {
-			t.Errorf("request %d: the host saw %q", i, body)
+		if string(body) != digest("Bearer "+testSecret) {
+			t.Errorf("request %d: the host did not see the real value", i)
 		}
 	}
 	mu.Lock()
@@ -556,8 +585,9 @@ func TestInterceptRedialsAndIdles(t *testing.T) {
 	}
 }
 
-// TestInterceptAbsoluteForm: a request in absolute form gets its
-// placeholders replaced like any other, and its user info is not sent.
+// TestInterceptAbsoluteForm: a request in absolute form is forwarded like
+// any other (its query keeps its placeholder), and its user info is not
+// sent.
 func TestInterceptAbsoluteForm(t *testing.T) {
 	srv, got := secretUpstream(t)
 	h, _, _ := secretHarness(t, srv, upstreamRoots(srv), "example.com")
@@ -577,7 +607,7 @@ func TestInterceptAbsoluteForm(t *testing.T) {
 	}
 	r.Body.Close()
 	s := got()
-	if len(s) != 1 || s[0].uri != "/abs?t="+testSecret || s[0].auth != "" {
+	if len(s) != 1 || s[0].uri != "/abs?t="+ph || s[0].auth != "" {
 		t.Errorf("the upstream saw %+v", s)
 	}
 }

@@ -130,7 +130,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
-	fs.Var(&secretSpecList{v: &cfg.SecretSpecs, f: f}, "secret", "`NAME@HOST[,HOST...]`, repeatable (several joined by ';' in the environment variable): sandboxes get NAME set to a placeholder, and the egress proxy puts the value of this server's own variable NAME into requests to those hosts in its place; needs --network=allowlist with each host on --allow-host")
+	fs.Var(&secretSpecList{v: &cfg.SecretSpecs, f: f}, "secret", "`NAME@HOST[,HOST...][:header=FIELD][:url]`, repeatable (several joined by ';' in the environment variable): sandboxes get NAME set to a placeholder, and the egress proxy puts the value of this server's own variable NAME in its place into the Authorization header (and the FIELD headers; the path and query only with :url) of requests to those hosts; needs --network=allowlist with each host on --allow-host")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
@@ -398,7 +398,8 @@ func resolveSecrets(specs []string, getenv func(string) string) ([]netproxy.Secr
 	var errs []error
 	seen := map[string]bool{}
 	for _, spec := range specs {
-		name, hosts, err := netproxy.ParseSecretSpec(spec)
+		sec, err := netproxy.ParseSecretSpec(spec)
+		name := sec.Name
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--secret %w", err))
 			continue
@@ -417,12 +418,13 @@ func resolveSecrets(specs []string, getenv func(string) string) ([]netproxy.Secr
 			errs = append(errs, fmt.Errorf("--secret %s: this server's environment has no %s; set it where the server starts (its value never goes on the command line or into a sandbox)", name, name))
 			continue
 		}
-		out = append(out, netproxy.Secret{Name: name, Value: val, Hosts: hosts})
+		sec.Value = val
+		out = append(out, sec)
 	}
 	return out, errors.Join(errs...)
 }
 
-// secretSpecList is --secret: NAME@HOST[,HOST...], repeatable; one value may
+// secretSpecList is --secret: NAME@HOST[,HOST...][:OPTION...], repeatable; one value may
 // hold several joined by ';' (the form of the environment variable). A new
 // layer (file, environment, flags) replaces what an earlier layer set.
 type secretSpecList struct {
@@ -444,7 +446,7 @@ func (l *secretSpecList) Set(s string) error {
 	}
 	for _, e := range strings.Split(s, ";") {
 		if e = strings.TrimSpace(e); e != "" {
-			if _, _, err := netproxy.ParseSecretSpec(e); err != nil {
+			if _, err := netproxy.ParseSecretSpec(e); err != nil {
 				return err
 			}
 			*l.v = append(*l.v, e)

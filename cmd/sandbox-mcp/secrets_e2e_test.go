@@ -113,6 +113,10 @@ func startSecretsUpstream(t *testing.T, cert tls.Certificate, gitRoot string) *s
 		u.mu.Lock()
 		u.auth = append(u.auth, auth)
 		u.mu.Unlock()
+		if r.URL.Path == "/echo" { // an upstream that reflects the request: the credential and the query
+			fmt.Fprintf(w, "%s %s", auth, r.URL.RawQuery)
+			return
+		}
 		if git != nil && strings.HasPrefix(r.URL.Path, "/git/") {
 			if auth != wantBasic {
 				w.Header().Set("WWW-Authenticate", `Basic realm="e2e"`)
@@ -202,8 +206,10 @@ http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT", path: t
 
 // TestSecretsThroughTheProxy runs the built server with --secret on the
 // default image: curl, git and python's urllib in the sandbox use the
-// placeholder, the upstream gets the real value, and the value is nowhere
-// in the sandbox, the server's log or the audit log. The proxy verifies the
+// placeholder, the upstream gets the real value (in Authorization, not in
+// the query), an upstream that echoes it gives the sandbox the placeholder
+// back, and the value is nowhere in the sandbox, the server's log or the
+// audit log. The proxy verifies the
 // real host (an untrusted or misnamed certificate is a 502, and nothing
 // reaches it); a host without a secret is tunnelled, not intercepted; a
 // ClientHello naming another host is refused.
@@ -252,6 +258,12 @@ func TestSecretsThroughTheProxy(t *testing.T) {
 	out, stderr, rc := exec(fmt.Sprintf(`curl -sS --max-time 20 -H "Authorization: Bearer $TOKEN" https://%s/curl`, hp(good.port)))
 	if rc != 0 || out != "auth-sha256="+sha("Bearer "+secretValue) {
 		t.Errorf("curl: rc %v, %q %q; want the digest of the real bearer token", rc, out, stderr)
+	}
+	// An upstream that echoes the request: the value it got comes back as
+	// the placeholder, and the placeholder in the query went out unchanged.
+	out, stderr, rc = exec(fmt.Sprintf(`curl -sS --max-time 20 -H "Authorization: Bearer $TOKEN" "https://%s/echo?t=$TOKEN"`, hp(good.port)))
+	if seen := good.seen(); rc != 0 || out != "Bearer "+placeholder+" t="+placeholder || seen[len(seen)-1] != "Bearer "+secretValue {
+		t.Errorf("echo: rc %v, %q %q; want the placeholder back in both places, the real value upstream in Authorization only", rc, out, stderr)
 	}
 	// python's urllib, reading the token from the environment.
 	out, stderr, rc = exec(fmt.Sprintf(`python3 -c 'import os, urllib.request as u; r = u.Request("https://%s/py", headers={"Authorization": "token " + os.environ["TOKEN"]}); print(u.urlopen(r, timeout=20).read().decode())'`, hp(good.port)))
