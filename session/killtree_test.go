@@ -73,3 +73,30 @@ func TestJobKillKillsALeaderlessProcess(t *testing.T) {
 	}
 	noSandboxProcesses(t, sb)
 }
+
+// TestHeldPipesDoNotEndTheSandbox: a process of another job reopens a
+// command's stdout (/proc/PID/fd/1) and holds it; the command times out and
+// is killed, and no process of its own is left to end the wait for its
+// output. The call still returns its result (what was read, and that a
+// process kept the pipes) before the server's grace runs out, and the
+// sandbox lives on with its workspace.
+func TestHeldPipesDoNotEndTheSandbox(t *testing.T) {
+	m := testManager(t, nil)
+	sb := newSandbox(t, m)
+	if _, err := sb.WriteFile(context.Background(), "kept", []byte("x"), false, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	background(t, sb, "while [ ! -s /tmp/b.pid ]; do sleep 0.05; done; exec 3>/proc/$(cat /tmp/b.pid)/fd/1; echo held > /tmp/held; exec sleep 300")
+	res, err := sb.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c",
+		"echo $$ > /tmp/b.pid; while [ ! -e /tmp/held ]; do sleep 0.05; done; echo started; sleep 100"},
+		Cwd: ".", Timeout: 2 * time.Second, MaxOutput: 1 << 10})
+	if err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	if !res.TimedOut || string(res.Stdout) != "started\n" || !res.PipesHeld {
+		t.Fatalf("exec: want a timeout with its output, and the pipes held: %+v", res)
+	}
+	if r := run(t, sb, "cat", "kept"); string(r.Stdout) != "x" {
+		t.Fatalf("the workspace changed: %q %q", r.Stdout, r.Stderr)
+	}
+}
