@@ -45,3 +45,26 @@ func TestStdioLongCallReturnsRunning(t *testing.T) {
 		}
 	}
 }
+
+// followRunning finishes a foreground sandbox_exec result that came back
+// running (the command ran past --max-call-wait, as one may on a loaded
+// machine) the way a model does: it reads the job with wait_ms until it
+// ends, and returns the result as if the call had waited (the output
+// joined, the job's exit code). Other results are returned as they are.
+func (s *server) followRunning(name string, args, m map[string]any) map[string]any {
+	s.t.Helper()
+	if name != "sandbox_exec" || args["background"] == true || m["running"] != true {
+		return m
+	}
+	stdout, stderr := m["stdout"].(string), m["stderr"].(string)
+	for {
+		r := s.ok("sandbox_job", map[string]any{"job": m["job"], "wait_ms": 60000})
+		stdout += r["stdout"].(string)
+		stderr += r["stderr"].(string)
+		if r["state"] != "running" {
+			m["stdout"], m["stderr"], m["exit_code"], m["hint"] = stdout, stderr, r["exit_code"], r["hint"]
+			delete(m, "running")
+			return m
+		}
+	}
+}
