@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,10 +38,25 @@ const drainCeiling = 10 * time.Second
 // exited while its output sat unread in a pipe (the readers not yet
 // scheduled, or held up sending the previous chunk) ended with that output
 // missing from its result.
-func waitForOutput(done <-chan struct{}, grace, ceiling time.Duration, lingering func() bool) bool {
+//
+// It stops as soon as stop or detach is closed (the server cancelled the
+// call, or stopped waiting for it): a process that is no member of the
+// command (one of another job, which reopened the command's pipe) may hold
+// the pipes, and then only the server's word ends the wait before the
+// server gives the agent up.
+func waitForOutput(done, stop, detach <-chan struct{}, grace, ceiling time.Duration, lingering func() bool) bool {
 	select {
 	case <-done:
 		return true
+	default:
+	}
+	select {
+	case <-done:
+		return true
+	case <-stop:
+		return false
+	case <-detach:
+		return false
 	case <-time.After(grace):
 	}
 	if lingering() {
@@ -49,6 +65,10 @@ func waitForOutput(done <-chan struct{}, grace, ceiling time.Duration, lingering
 	select {
 	case <-done:
 		return true
+	case <-stop:
+		return false
+	case <-detach:
+		return false
 	case <-time.After(ceiling):
 		return false
 	}
@@ -200,16 +220,21 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 	if len(label) > maxLabel {
 		label = strings.ToValidUTF8(label[:maxLabel], "") + "..."
 	}
+	oomBase, ok := oomKills()
+	if !ok {
+		oomBase = -1
+	}
 	j := &job{
-		id: req.Job, label: label, started: time.Now(), group: group, unprivileged: s.opts.Unprivileged,
+		id: req.Job, label: label, started: time.Now(), group: group, oomBase: oomBase, unprivileged: s.opts.Unprivileged,
 		stdin: inW, stdinSem: make(chan struct{}, 1),
 		out:     [2]ring{newRing(req.KeepOutput), newRing(req.KeepOutput)},
 		changed: make(chan struct{}),
 		readers: []*os.File{outR, errR},
 	}
+	// sent counts the output streamed live (under j.mu).
+	var sent [2]int64
 	if !req.Background {
 		kinds := [2]agentproto.Kind{agentproto.KindStdout, agentproto.KindStderr}
-		var sent [2]int64
 		j.live = func(stream int, p []byte) {
 			if room := req.MaxOutput - sent[stream]; room > 0 {
 				chunk := p[:min(int64(len(p)), room)]
@@ -239,18 +264,24 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 		Dir:         fmt.Sprintf("/proc/self/fd/%d", dir.Fd()),
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
-	// A background job outlives its request: its life is the connection's.
-	base := ctx
-	if req.Background {
-		base = s.root
+	// A command lives as long as the connection, and a foreground one
+	// until its request is cancelled too, unless the server detaches it
+	// first: it then runs on as a background job.
+	life, endLife := context.WithCancel(s.root)
+	keepWithRequest := func() bool { return false }
+	if !req.Background {
+		keepWithRequest = context.AfterFunc(ctx, endLife)
 	}
+	var detached atomic.Bool
 	// The timeout runs from here: a command can be stopped (by the sandbox
 	// user, whose process it is as soon as it changed its ids) before it
 	// executes its program, and then its start does not return. Its
 	// timeout or cancel kills it there too.
-	runCtx, cancelRun := base, context.CancelFunc(func() {})
+	runCtx, cancelRun := life, endLife
 	if req.TimeoutMillis > 0 {
-		runCtx, cancelRun = context.WithTimeout(base, time.Duration(req.TimeoutMillis)*time.Millisecond)
+		var cancelTimeout context.CancelFunc
+		runCtx, cancelTimeout = context.WithTimeout(life, time.Duration(req.TimeoutMillis)*time.Millisecond)
+		cancelRun = func() { cancelTimeout(); endLife() }
 	}
 	// Unprivileged, a command stopped before it executes its program is not
 	// found here (its pid is not known yet); the stopped start then holds
@@ -301,10 +332,14 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 
 	// wait waits for the command and records how it ended.
 	wait := func() (res agentproto.ExecResult, waitErr error) {
+		// A foreground command is cancelled with its request, until it is
+		// detached; else what stops it is its timeout (or the connection's
+		// end, which is no timeout).
+		background := func() bool { return req.Background || detached.Load() }
 		stopped := func() {
-			if ctx.Err() != nil && !req.Background {
+			if ctx.Err() != nil && !background() {
 				res.Cancelled = true
-			} else {
+			} else if s.root.Err() == nil || !background() {
 				res.TimedOut = true
 			}
 		}
@@ -314,9 +349,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 				stopped()
 			}
 		case <-runCtx.Done():
-			if s.root.Err() == nil || !req.Background {
-				stopped()
-			}
+			stopped()
 			res.Killed = killTree(pgid, j.members(pgid))
 			waitErr = <-waited
 		}
@@ -339,14 +372,44 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 		return nil
 	}
 
-	res, waitErr := wait()
+	var res agentproto.ExecResult
+	var waitErr error
+	finished := make(chan struct{})
+	go func() {
+		res, waitErr = wait()
+		close(finished)
+	}()
+	// A detach frame makes a command that still runs a background job: its
+	// output is kept, and its next read starts after what went live. A
+	// command cancelled or ended meanwhile answers as usual.
+	detach := c.detach
+	if req.Job == 0 {
+		detach = nil
+	}
+	select {
+	case <-finished:
+	case <-detach:
+		j.mu.Lock()
+		if !j.ended && keepWithRequest() {
+			detached.Store(true)
+			j.live = nil
+			j.cursor = sent
+			st := j.statusLocked()
+			j.mu.Unlock()
+			s.finish(c.id, st, nil)
+			return nil
+		}
+		j.mu.Unlock()
+		<-finished
+	}
 	// Output the command wrote before it exited is in the pipes; read it
 	// all. Background processes may hold the pipes open: stop waiting for
 	// them after a short grace. A kept job goes on reading what they
 	// write; a command run without a job drops it.
 	done := make(chan struct{})
 	go func() { readers.Wait(); close(done) }()
-	if !waitForOutput(done, lingerGrace, drainCeiling, func() bool { return group == 0 || groupHasMembers(group) }) {
+	if !waitForOutput(done, ctx.Done(), detach, lingerGrace, drainCeiling, func() bool { return group == 0 || groupHasMembers(group) }) {
+		res.PipesHeld = true
 		if req.Job == 0 {
 			outR.Close()
 			errR.Close()
@@ -366,7 +429,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 	if cmd.ProcessState == nil {
 		return fmt.Errorf("wait: %w", waitErr)
 	}
-	res.ExitCode, res.Signal = st.ExitCode, st.Signal
+	res.ExitCode, res.Signal, res.OOMKills = st.ExitCode, st.Signal, st.OOMKills
 	if err := s.send(c.id, agentproto.KindExit, res, nil); err != nil {
 		s.log.Warn("send exit", "id", c.id, "err", err)
 	}

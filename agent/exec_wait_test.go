@@ -18,7 +18,7 @@ func TestOutputIsWaitedForWhenNothingHoldsThePipes(t *testing.T) {
 	}
 
 	done := late()
-	if !waitForOutput(done, grace, time.Minute, func() bool { return false }) {
+	if !waitForOutput(done, nil, nil, grace, time.Minute, func() bool { return false }) {
 		t.Fatal("with no process left, the wait ended before the output was read")
 	}
 	select {
@@ -28,12 +28,27 @@ func TestOutputIsWaitedForWhenNothingHoldsThePipes(t *testing.T) {
 	}
 
 	done = late()
-	if waitForOutput(done, grace, time.Minute, func() bool { return true }) {
+	if waitForOutput(done, nil, nil, grace, time.Minute, func() bool { return true }) {
 		t.Fatal("with a process holding the pipes, the wait went on past the grace until the readers ended")
 	}
 
 	never := make(chan struct{})
-	if waitForOutput(never, grace, 2*grace, func() bool { return false }) {
+	if waitForOutput(never, nil, nil, grace, 2*grace, func() bool { return false }) {
 		t.Fatal("readers that never end were reported done")
+	}
+
+	// The server's cancel or detach ends the wait for readers that nothing
+	// of the command holds up (another job's process holds the pipe).
+	for _, which := range []string{"stop", "detach"} {
+		stop, detach := make(chan struct{}), make(chan struct{})
+		ch := map[string]chan struct{}{"stop": stop, "detach": detach}[which]
+		time.AfterFunc(grace/2, func() { close(ch) })
+		start := time.Now()
+		if waitForOutput(never, stop, detach, grace, time.Minute, func() bool { return false }) {
+			t.Fatalf("%s: readers that never end were reported done", which)
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("%s did not end the wait", which)
+		}
 	}
 }

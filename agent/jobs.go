@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -23,6 +25,10 @@ const (
 	// stdinWait bounds how long a job request waits for a command to take
 	// the input written to it.
 	stdinWait = 5 * time.Second
+	// quietWait is how long a job wait goes on, once output came that does
+	// not end a line, for more of it: a line written in pieces comes back
+	// whole.
+	quietWait = 150 * time.Millisecond
 	// maxLabel bounds a job's label.
 	maxLabel = 256
 )
@@ -33,6 +39,9 @@ type job struct {
 	label   string
 	started time.Time
 	group   uint32
+	// oomBase is the sandbox's OOM kill count when the job started (-1:
+	// the count cannot be read here).
+	oomBase int64
 	// unprivileged: the job has no group of its own; its processes are
 	// found by the process tree (see treeMembers).
 	unprivileged bool
@@ -215,6 +224,9 @@ func (j *job) finish(st *os.ProcessState, timedOut bool) {
 	j.ended = true
 	j.pgid = 0
 	j.status.TimedOut = timedOut
+	if n, ok := oomKills(); ok && j.oomBase >= 0 {
+		j.status.OOMKills = max(n-j.oomBase, 0)
+	}
 	j.status.State = agentproto.JobExited
 	if st != nil {
 		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -369,24 +381,7 @@ func (s *server) jobOp(ctx context.Context, c *call, req agentproto.JobRequest) 
 		}
 	}
 	if req.WaitMillis > 0 {
-		t := time.NewTimer(time.Duration(req.WaitMillis) * time.Millisecond)
-		for !j.ended && j.out[0].total <= from[0] && j.out[1].total <= from[1] {
-			ch := j.changed
-			j.mu.Unlock()
-			stop := false
-			select {
-			case <-ch:
-			case <-t.C:
-				stop = true
-			case <-ctx.Done():
-				stop = true
-			}
-			j.mu.Lock()
-			if stop {
-				break
-			}
-		}
-		t.Stop()
+		j.waitOutput(ctx, from, time.Duration(req.WaitMillis)*time.Millisecond, max(req.Max, 0))
 	}
 	var data [2][]byte
 	var at [2]int64
@@ -413,6 +408,89 @@ func (s *server) jobOp(ctx context.Context, c *call, req agentproto.JobRequest) 
 		}
 	}
 	s.finish(c.id, st, nil)
+}
+
+// waitOutput waits, up to d, for the job to end or for output past from:
+// output that ends a line in each stream that has some, limit bytes of
+// it, or output followed by quietWait of silence. j.mu is held, and
+// released while it waits.
+func (j *job) waitOutput(ctx context.Context, from [2]int64, d time.Duration, limit int64) {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	var quiet *time.Timer
+	var quietC <-chan time.Time
+	defer func() {
+		if quiet != nil {
+			quiet.Stop()
+		}
+	}()
+	for !j.ended {
+		if n := j.out[0].total - from[0] + j.out[1].total - from[1]; n > 0 {
+			if n >= limit || j.endsLines(from) {
+				return
+			}
+			// Output came that ends no line: wait for the rest of the
+			// line, or for quietWait without output.
+			if quiet == nil {
+				quiet = time.NewTimer(quietWait)
+				quietC = quiet.C
+			} else {
+				quiet.Reset(quietWait)
+			}
+		}
+		ch := j.changed
+		j.mu.Unlock()
+		stop := false
+		select {
+		case <-ch:
+		case <-quietC:
+			stop = true
+		case <-deadline.C:
+			stop = true
+		case <-ctx.Done():
+			stop = true
+		}
+		j.mu.Lock()
+		if stop {
+			return
+		}
+	}
+}
+
+// endsLines reports whether each stream with output past from ends with a
+// line end (or keeps none of it to tell). j.mu is held.
+func (j *job) endsLines(from [2]int64) bool {
+	for i := range j.out {
+		r := &j.out[i]
+		if r.total <= from[i] || r.total <= r.start() {
+			continue
+		}
+		if b, _ := r.read(r.total-1, 1); len(b) == 1 && b[0] != '\n' {
+			return false
+		}
+	}
+	return true
+}
+
+// oomKills reads how many processes the kernel killed for memory in this
+// sandbox's memory cgroup: cgroup v2's memory.events or v1's
+// memory.oom_control, as a container sees its own cgroup. The workspace
+// is a tmpfs, so its files count against that memory too.
+func oomKills() (int64, bool) {
+	for _, path := range []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for line := range bytes.Lines(b) {
+			if f := bytes.Fields(line); len(f) == 2 && string(f[0]) == "oom_kill" {
+				if n, err := strconv.ParseInt(string(f[1]), 10, 64); err == nil {
+					return n, true
+				}
+			}
+		}
+	}
+	return 0, false
 }
 
 // listJobs answers a JobsRequest.

@@ -197,12 +197,55 @@ func scanProcs() []procInfo {
 
 // readStatus parses the State and Groups lines of /proc/<pid>/status,
 // which every process may read, whatever the target's dumpable flag.
+//
+// The status is the process's main thread's. A process whose main thread
+// ended (a raw exit, not exit_group) while other threads run on shows
+// State Z there and lives: it is live when any of its tasks
+// (/proc/<pid>/task/*) is. A signal to the process reaches those threads.
 func readStatus(pid int) (procInfo, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	dir := "/proc/" + strconv.Itoa(pid)
+	b, err := os.ReadFile(dir + "/status")
 	if err != nil {
 		return procInfo{}, false
 	}
-	return parseStatus(pid, b)
+	p, ok := parseStatus(pid, b)
+	if ok && !p.live {
+		p.live = liveTask(dir)
+	}
+	return p, ok
+}
+
+// liveTask reports whether a task of the process at dir (/proc/<pid>) is
+// neither a zombie nor dead.
+func liveTask(dir string) bool {
+	d, err := os.Open(dir + "/task")
+	if err != nil {
+		return false
+	}
+	defer d.Close()
+	for {
+		names, err := d.Readdirnames(64)
+		for _, n := range names {
+			b, err := os.ReadFile(dir + "/task/" + n + "/stat")
+			if err == nil && taskLive(b) {
+				return true
+			}
+		}
+		if err != nil {
+			return false
+		}
+	}
+}
+
+// taskLive reads the state in a task's stat line, "tid (comm) S ...": the
+// comm may hold spaces and parentheses, the state follows the last ')'.
+func taskLive(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return false
+	}
+	f := bytes.Fields(stat[i+1:])
+	return len(f) > 0 && f[0][0] != 'Z' && f[0][0] != 'X'
 }
 
 func parseStatus(pid int, b []byte) (procInfo, bool) {
@@ -219,7 +262,8 @@ func parseStatus(pid int, b []byte) (procInfo, bool) {
 			if len(f) == 0 {
 				return p, false
 			}
-			// Z (zombie) and X (dead) hold no resources worth a signal.
+			// Z (zombie) and X (dead) hold no resources worth a signal,
+			// unless other threads of the process run on (readStatus).
 			p.live = f[0][0] != 'Z' && f[0][0] != 'X'
 			seen++
 		case "PPid":

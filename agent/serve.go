@@ -74,6 +74,10 @@ type call struct {
 	// in receives the request's data frames (stdin, file content, tar);
 	// nil when the request takes none.
 	in *inbox
+	// detach is closed when the server detaches the request (an exec:
+	// see agentproto.KindDetach); nil for other requests.
+	detach     chan struct{}
+	detachOnce sync.Once
 }
 
 // ErrLeaseExpired is why Serve ends when no frame came from the server for
@@ -263,6 +267,13 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		if c != nil {
 			c.cancel()
 		}
+	case agentproto.KindDetach:
+		s.mu.Lock()
+		c := s.calls[f.ID]
+		s.mu.Unlock()
+		if c != nil && c.detach != nil {
+			c.detachOnce.Do(func() { close(c.detach) })
+		}
 	case agentproto.KindExec:
 		var req agentproto.ExecRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
@@ -373,10 +384,10 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 		s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "%v", err))
 		return
 	}
-	withInput := false
+	withInput, detachable := false, false
 	switch r := req.(type) {
 	case *agentproto.ExecRequest:
-		withInput = r.Stdin
+		withInput, detachable = r.Stdin, !r.Background
 	case *agentproto.WriteRequest, *agentproto.EditRequest, *agentproto.RestoreRequest:
 		withInput = true
 	}
@@ -384,6 +395,9 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 	c := &call{id: f.ID, cancel: cancel}
 	if withInput {
 		c.in = newInbox()
+	}
+	if detachable {
+		c.detach = make(chan struct{})
 	}
 	s.mu.Lock()
 	if _, dup := s.calls[f.ID]; dup {

@@ -56,7 +56,17 @@ import (
 //     the agent writes a CA bundle (the image's roots and that
 //     certificate) before any command runs. A version 2 agent answers it
 //     with an error, and the sandbox's programs would not trust the proxy.
-const Version = 3
+//   - 4 (2026-12-01): a foreground exec may be detached (KindDetach): the
+//     agent then answers with KindResult and the job's JobStatus, and the
+//     command runs on as a background job, its timeout kept, its next read
+//     starting after the output streamed so far. A version 3 agent would
+//     answer the detach frame with an error and leave the exec waiting.
+//     Additive: ExecResult.PipesHeld (a process kept the command's output
+//     open past the agent's wait), ExecResult.OOMKills and
+//     JobStatus.OOMKills (kills the sandbox's memory cgroup counted while
+//     the command ran); a job wait returns on a line end or a short quiet
+//     period instead of the first byte.
+const Version = 4
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
@@ -145,6 +155,11 @@ const (
 	KindEOF Kind = "eof"
 	// KindCancel S→A: stop the request with this id.
 	KindCancel Kind = "cancel"
+	// KindDetach S→A, no body: stop waiting for the foreground exec with
+	// this id. Unless the command ended already (then KindExit answers as
+	// usual), the agent answers with KindResult and a JobStatus, and the
+	// command runs on as a background job.
+	KindDetach Kind = "detach"
 
 	// KindResult A→S: terminal success; the body depends on the request.
 	KindResult Kind = "result"

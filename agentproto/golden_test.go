@@ -39,13 +39,13 @@ var samples = map[string]any{
 	"job_status": JobStatus{
 		Job: 4, Label: "ls -l", State: JobKilled, ExitCode: 143, Signal: "SIGTERM", TimedOut: true,
 		StartedUnixMilli: 1_796_000_000_000, StdoutFrom: 10, StderrFrom: 20, StdoutBytes: 2000, StderrBytes: 30,
-		StdoutDropped: 5, StderrDropped: 6, Killed: 2,
+		StdoutDropped: 5, StderrDropped: 6, Killed: 2, OOMKills: 1,
 	},
 	"jobs_request": JobsRequest{},
 	"job_list":     JobList{Jobs: []JobStatus{{Job: 4, Label: "sleep 9", State: JobRunning}}},
 	"exec_result": ExecResult{
 		ExitCode: 137, Signal: "KILL", TimedOut: true, Cancelled: true, StdoutBytes: 10, StderrBytes: 20,
-		Killed: 3, DurationNano: 1_500_000,
+		Killed: 3, DurationNano: 1_500_000, PipesHeld: true, OOMKills: 1,
 	},
 	"read_request":   ReadRequest{Path: "a.txt", Offset: 10, Length: 100, Max: 8 << 20, StartLine: 3, EndLine: 9},
 	"read_result":    ReadResult{Size: 1000, Truncated: true, Offset: 120, StartLine: 3, EndLine: 9, TotalLines: 40},
@@ -75,7 +75,7 @@ var samples = map[string]any{
 	"kinds": []Kind{
 		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
 		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore, KindSetup,
-		KindData, KindEOF, KindCancel, KindResult, KindError,
+		KindData, KindEOF, KindCancel, KindDetach, KindResult, KindError,
 	},
 }
 

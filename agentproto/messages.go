@@ -113,6 +113,15 @@ type ExecResult struct {
 	// cancelled.
 	Killed       int   `json:"killed,omitempty"`
 	DurationNano int64 `json:"duration_ns"`
+	// PipesHeld is true when the command ended but a process (one it left
+	// behind, or one that took its output) still held its stdout or stderr
+	// when the agent stopped waiting: the counts are what was read by
+	// then, and the job keeps what comes later.
+	PipesHeld bool `json:"pipes_held,omitempty"`
+	// OOMKills counts the processes the kernel killed for memory in the
+	// sandbox's memory cgroup while the command ran (any of its processes,
+	// or another's).
+	OOMKills int64 `json:"oom_kills,omitempty"`
 }
 
 // Duration returns the command's run time.
@@ -138,7 +147,9 @@ type JobRequest struct {
 	// (the job's whole tree is killed).
 	Signal string `json:"signal,omitempty"`
 	// WaitMillis waits up to this long for output past the read offsets, or
-	// for the job to end. 0 does not wait.
+	// for the job to end. 0 does not wait. Once output came, the wait goes
+	// on until it ends a line (in each stream that has new output), or for
+	// a short quiet period, so that a line is not returned cut.
 	WaitMillis int64 `json:"wait_ms,omitempty"`
 	// StdoutOffset and StderrOffset are where each stream's read starts, in
 	// bytes of everything the stream carried; -1 starts where the last
@@ -178,6 +189,8 @@ type JobStatus struct {
 	StderrDropped int64 `json:"stderr_dropped"`
 	// Killed counts the processes killed by a KILL signal.
 	Killed int `json:"killed,omitempty"`
+	// OOMKills is as in ExecResult, once the job ended.
+	OOMKills int64 `json:"oom_kills,omitempty"`
 }
 
 // JobsRequest lists the jobs the agent keeps. It has no fields; the agent

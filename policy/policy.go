@@ -77,6 +77,7 @@ const (
 	DefaultMaxWorkspaceBytes = 512 << 20
 	DefaultExecTimeout       = 60 * time.Second
 	DefaultMaxExecTimeout    = 10 * time.Minute
+	DefaultMaxCallWait       = 50 * time.Second
 	DefaultMemory            = 1 << 30
 	DefaultCPUs              = 1.0
 	DefaultPids              = 256
@@ -110,9 +111,13 @@ type Policy struct {
 	MaxWorkspaceBytes int64         `json:"max_workspace_bytes"`
 	ExecTimeout       time.Duration `json:"-"`
 	MaxExecTimeout    time.Duration `json:"-"`
-	Memory            int64         `json:"memory_bytes"`
-	CPUs              float64       `json:"cpus"`
-	Pids              int64         `json:"pids"`
+	// MaxCallWait is --max-call-wait: a foreground exec returns by then
+	// at the latest, its command running on as its job (0: it waits for
+	// the command).
+	MaxCallWait time.Duration `json:"-"`
+	Memory      int64         `json:"memory_bytes"`
+	CPUs        float64       `json:"cpus"`
+	Pids        int64         `json:"pids"`
 	// MaxExecs is --max-jobs: the number of jobs (foreground and
 	// background commands) one sandbox may run at once.
 	MaxExecs             int         `json:"max_jobs"`
@@ -140,6 +145,7 @@ func Default() Policy {
 		MaxWorkspaceBytes: DefaultMaxWorkspaceBytes,
 		ExecTimeout:       DefaultExecTimeout,
 		MaxExecTimeout:    DefaultMaxExecTimeout,
+		MaxCallWait:       DefaultMaxCallWait,
 		Memory:            DefaultMemory,
 		CPUs:              DefaultCPUs,
 		Pids:              DefaultPids,
@@ -192,6 +198,9 @@ func (p Policy) Validate() error {
 		bad("--exec-timeout and --max-exec-timeout must be positive")
 	} else if p.ExecTimeout > p.MaxExecTimeout {
 		bad("--exec-timeout (%s) is above --max-exec-timeout (%s)", p.ExecTimeout, p.MaxExecTimeout)
+	}
+	if p.MaxCallWait < 0 || (p.MaxCallWait > 0 && p.MaxCallWait < time.Second) {
+		bad("--max-call-wait must be at least 1s (or 0: a call waits for its command, which clients that cap a call at about 60 s give up on)")
 	}
 	if p.Memory < 16<<20 {
 		bad("--memory must be at least 16 MiB")

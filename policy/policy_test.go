@@ -32,6 +32,8 @@ func TestValidate(t *testing.T) {
 		{"commands without allowlist", func(p *Policy) { p.AllowCmds = []string{"ls"} }, "use --exec=allowlist"},
 		{"unknown exec", func(p *Policy) { p.Exec = "maybe" }, "use allow, allowlist or deny"},
 		{"timeout above ceiling", func(p *Policy) { p.ExecTimeout = time.Hour }, "above --max-exec-timeout"},
+		{"call wait below a second", func(p *Policy) { p.MaxCallWait = time.Millisecond }, "--max-call-wait"},
+		{"no call wait", func(p *Policy) { p.MaxCallWait = 0 }, ""},
 		{"zero file cap", func(p *Policy) { p.MaxFileBytes = 0 }, "--max-file-bytes"},
 		{"workspace above memory", func(p *Policy) { p.MaxWorkspaceBytes = 2 << 30 }, "raise --memory"},
 		{"tiny memory", func(p *Policy) { p.Memory = 1 << 20 }, "--memory"},

@@ -43,6 +43,10 @@ type ExecRequest struct {
 	// OnStart, if set, learns the job id before the command is sent (for
 	// progress past what the live output carries). It must not block.
 	OnStart func(job string)
+	// MaxWait, if set, bounds the wait for a foreground command: past it
+	// the call returns with Running set and the output so far, and the
+	// command runs on as its job (its Timeout still applies).
+	MaxWait time.Duration
 
 	job jobOpts // set by Sandbox.Exec
 }
@@ -53,7 +57,9 @@ type ExecRequest struct {
 type ExecResult struct {
 	// Job is the command's job id, for Sandbox.Job.
 	Job string
-	// Running is true for a background job (nothing else is set).
+	// Running is true for a background job (nothing else is set), and for
+	// a foreground command still running at MaxWait (the output so far is
+	// set, and the exit fields are not).
 	Running         bool
 	ExitCode        int
 	Signal          string
@@ -66,10 +72,21 @@ type ExecResult struct {
 	StderrBytes     int64
 	StdoutTruncated bool // something was left out
 	StderrTruncated bool
-	TimedOut        bool
-	Cancelled       bool
-	Killed          int
-	Duration        time.Duration
+	// StdoutDropped and StderrDropped count the oldest bytes of each
+	// stream its job no longer keeps: sandbox_job reads from there on.
+	StdoutDropped int64
+	StderrDropped int64
+	TimedOut      bool
+	Cancelled     bool
+	Killed        int
+	Duration      time.Duration
+	// PipesHeld: the command ended, but a process still held its stdout or
+	// stderr when the agent stopped waiting; the output is what was read
+	// by then (the job keeps what comes later).
+	PipesHeld bool
+	// OOMKills counts the processes the kernel killed for memory in the
+	// sandbox while the command ran.
+	OOMKills int64
 }
 
 // Grace periods the server gives the agent beyond a command's own deadline
@@ -118,8 +135,16 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	if req.Timeout == 0 {
 		deadline.Stop()
 	}
+	// Past MaxWait the agent is told to detach the command, which then
+	// runs on as its job.
+	var detachC <-chan time.Time
+	if req.MaxWait > 0 && jo.id != 0 && !req.Background {
+		t := time.NewTimer(req.MaxWait)
+		defer t.Stop()
+		detachC = t.C
+	}
 	var stdout, stderr bytes.Buffer
-	cancelled := false
+	cancelled, detached := false, false
 	var cancelTimer <-chan time.Time
 	done := ctx.Done()
 	for {
@@ -128,6 +153,13 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 		case f = <-p.frames:
 		case <-c.dead:
 			return res, unavailable(c.err())
+		case <-detachC:
+			detachC = nil
+			if !cancelled && cancelTimer == nil {
+				detached = true
+				_ = c.send(p.id, agentproto.KindDetach, nil, nil) // a dead conn shows next
+			}
+			continue
 		case <-done:
 			// Have the agent kill the command, and wait for it to say so.
 			done = nil
@@ -160,15 +192,31 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 				req.OnOutput(name, f.Payload)
 			}
 		case agentproto.KindResult:
-			// A background job started.
+			// A background job started, or a detached command runs on.
 			var st agentproto.JobStatus
-			if err := f.Decode(&st); err != nil || !req.Background || !validStatus(st, jo.id) {
-				c.fail(fmt.Errorf("%w: a %q frame in answer to exec that is not a background job's status", errProtocol, f.Kind))
+			if err := f.Decode(&st); err != nil || !(req.Background || detached) || !validStatus(st, jo.id) ||
+				st.StdoutBytes < int64(stdout.Len()) || st.StderrBytes < int64(stderr.Len()) {
+				c.fail(fmt.Errorf("%w: a %q frame in answer to exec that is not a background or detached job's status", errProtocol, f.Kind))
 				return res, unavailable(c.err())
 			}
 			res.Running = st.State == agentproto.JobRunning
 			res.ExitCode = st.ExitCode
-			return res, nil
+			if !detached {
+				return res, nil
+			}
+			c.close(p)
+			if cancelled {
+				// The call was cancelled after the detach: its command
+				// goes with it, as a cancelled call's does.
+				_, _ = c.job(context.WithoutCancel(ctx), agentproto.JobRequest{Job: jo.id, Signal: "KILL"})
+				return res, context.Cause(ctx)
+			}
+			// The result has the output streamed until the detach, cut
+			// to the cap like a finished command's.
+			res.StdoutBytes, res.StderrBytes = int64(stdout.Len()), int64(stderr.Len())
+			res.StdoutDropped, res.StderrDropped = st.StdoutDropped, st.StderrDropped
+			err := c.fit(ctx, &res, 0, req.MaxOutput, stdout.Bytes(), stderr.Bytes())
+			return res, err
 		case agentproto.KindExit:
 			var r agentproto.ExecResult
 			if err := f.Decode(&r); err != nil || req.Background {
@@ -183,6 +231,10 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			res.TimedOut, res.Cancelled = r.TimedOut, r.Cancelled || cancelled
 			res.Killed, res.Duration = r.Killed, max(r.Duration(), 0)
 			res.StdoutBytes, res.StderrBytes = r.StdoutBytes, r.StderrBytes
+			res.PipesHeld, res.OOMKills = r.PipesHeld, max(r.OOMKills, 0)
+			// The job keeps the last keepOutput bytes of each stream.
+			res.StdoutDropped = max(r.StdoutBytes-jo.keepOutput, 0)
+			res.StderrDropped = max(r.StderrBytes-jo.keepOutput, 0)
 			if len(res.Signal) > 16 {
 				res.Signal = res.Signal[:16]
 			}

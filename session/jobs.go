@@ -57,7 +57,7 @@ func validStatus(st agentproto.JobStatus, job uint64) bool {
 		return from >= 0 && from <= total && dropped >= 0 && dropped <= total
 	}
 	return (job == 0 || st.Job == job) && len(st.Label) <= maxJobLabel && utf8.ValidString(st.Label) &&
-		len(st.Signal) <= maxSignal && st.Killed >= 0 &&
+		len(st.Signal) <= maxSignal && st.Killed >= 0 && st.OOMKills >= 0 &&
 		ok(st.StdoutFrom, st.StdoutBytes, st.StdoutDropped) && ok(st.StderrFrom, st.StderrBytes, st.StderrDropped)
 }
 

@@ -70,7 +70,7 @@ func TestHostileAgentJobReplies(t *testing.T) {
 		}, "exit frame"},
 		{"a background exec whose status names another job", background, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindResult, agentproto.JobStatus{Job: 5, State: agentproto.JobRunning}, nil)
-		}, "not a background job's status"},
+		}, "not a background or detached job's status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, a := hostileConn(t, func(a *agentEnd) {

@@ -36,14 +36,14 @@ type ExecIn struct {
 type ExecOut struct {
 	Sandbox         string `json:"sandbox" jsonschema:"The sandbox the command ran in."`
 	Job             string `json:"job" jsonschema:"The command's job id: pass it to sandbox_job to read the output kept, or to wait for, feed or signal a background job."`
-	Running         bool   `json:"running,omitempty" jsonschema:"True when the job runs in the background."`
-	ExitCode        int    `json:"exit_code" jsonschema:"The command's exit code; 128+N when a signal N ended it."`
+	Running         bool   `json:"running,omitempty" jsonschema:"True while the command runs on as its job: started in the background, or still running at the server's call wait (hint says how to follow it)."`
+	ExitCode        *int   `json:"exit_code,omitempty" jsonschema:"The command's exit code, once it ended; 128+N when a signal N ended it."`
 	Stdout          string `json:"stdout" jsonschema:"Standard output; a long one keeps its head and tail with a line saying what was left out. Bytes that are not UTF-8 are replaced with U+FFFD."`
 	Stderr          string `json:"stderr" jsonschema:"Standard error, like stdout."`
 	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"True when part of stdout was left out (hint says how to read it)."`
 	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when part of stderr was left out (hint says how to read it)."`
 	TimedOut        bool   `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
-	DurationMS      int64  `json:"duration_ms" jsonschema:"How long the command ran, in milliseconds."`
+	DurationMS      *int64 `json:"duration_ms,omitempty" jsonschema:"How long the command ran, in milliseconds, once it ended."`
 	Hint            string `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
 }
 
@@ -204,11 +204,18 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		Argv: argv, Program: program, Cwd: cwd, Env: env, Stdin: stdin,
 		Timeout: timeout, MaxOutput: p.MaxOutputBytes, Background: in.Background, Label: label,
 	}
+	if !in.Background {
+		// Clients cap a whole call (about 60 s): past this the command
+		// goes on as its job, and the result says how to follow it.
+		req.MaxWait = p.MaxCallWait
+	}
 	var prog *progress
+	stopBeating := func() {}
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	var following sync.WaitGroup
 	if tok := c.req.Params.GetProgressToken(); tok != nil && !in.Background {
 		prog = newProgress(ctx, c.req.Session, tok)
+		stopBeating = prog.keepAlive(d.beat(), time.Now())
 		req.OnOutput = prog.output
 		// Past the live output (the result's cap per stream), progress
 		// follows the job's kept output.
@@ -224,6 +231,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	res, err := sb.Exec(ctx, req)
 	stopFollowing()
 	following.Wait()
+	stopBeating()
 	if prog != nil {
 		prog.done() // every notification goes before the result
 	}
@@ -234,7 +242,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		return nil, out, err
 	}
 	out.Job = res.Job
-	if res.Running {
+	if res.Running && in.Background {
 		out.Running = true
 		out.Hint = fmt.Sprintf("Job %s runs in the background. Read its output with sandbox_job (job %q, wait_ms up to 60000 to wait for more or its end); send stdin, close_stdin or a signal (TERM, KILL) the same way", res.Job, res.Job)
 		if mistake != "" {
@@ -244,21 +252,36 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "job " + res.Job + " started in the background\n" + out.Hint + "\n"}}}, out, nil
 	}
 	streams := [2]cutStream{
-		{name: "stdout", head: res.Stdout, tail: res.StdoutTail, omitted: res.StdoutOmitted, job: res.Job},
-		{name: "stderr", head: res.Stderr, tail: res.StderrTail, omitted: res.StderrOmitted, job: res.Job},
+		{name: "stdout", head: res.Stdout, tail: res.StdoutTail, omitted: res.StdoutOmitted, dropped: res.StdoutDropped, job: res.Job},
+		{name: "stderr", head: res.Stderr, tail: res.StderrTail, omitted: res.StderrOmitted, dropped: res.StderrDropped, job: res.Job},
 	}
-	out.ExitCode = res.ExitCode
 	out.Stdout = streams[0].text()
 	out.Stderr = streams[1].text()
 	out.StdoutTruncated = res.StdoutTruncated
 	out.StderrTruncated = res.StderrTruncated
 	out.TimedOut = res.TimedOut
-	out.DurationMS = res.Duration.Milliseconds()
 	var notes []string
-	if res.TimedOut {
+	switch {
+	case res.Running:
+		// Still running at the call wait: it goes on as its job.
+		out.Running = true
+		notes = append(notes, fmt.Sprintf("The command still runs after %s (this server's longest wait for a call), so the call returned; it goes on as job %s, "+
+			"and its timeout of %s still applies. Follow it with sandbox_job (job %q, wait_ms up to %d) for its new output and its end; signal KILL stops it",
+			p.MaxCallWait, res.Job, timeout, res.Job, policy.MaxJobWait))
+	case res.TimedOut:
 		notes = append(notes, timedOut(timeout).Message)
-	} else {
+	default:
 		notes = append(notes, exitMeaning(res.ExitCode, res.Signal))
+	}
+	if !res.Running {
+		out.ExitCode, out.DurationMS = &res.ExitCode, ptr(res.Duration.Milliseconds())
+	}
+	if res.OOMKills > 0 {
+		notes = append(notes, outOfMemory(p))
+	}
+	if res.PipesHeld {
+		notes = append(notes, fmt.Sprintf("A process the command started (or one that took its output) still holds its stdout or stderr, so the result has what was read until the command ended; "+
+			"what it writes later is kept in job %s (sandbox_job reads it). Redirect a background process's output (> file 2>&1 &) so the call need not wait for it", res.Job))
 	}
 	for _, s := range streams {
 		notes = append(notes, s.note())
@@ -266,9 +289,14 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 			notes = append(notes, s.name+" was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64)")
 		}
 	}
+	// Output past a few results' worth, or more than its job keeps, is
+	// better sent to a file and searched.
+	if res.StdoutOmitted+res.StderrOmitted > 3*p.MaxOutputBytes || res.StdoutDropped+res.StderrDropped > 0 {
+		notes = append(notes, longLog)
+	}
 	notes = append(notes, mistake)
 	out.Hint = joinHints(notes...)
-	c.exit = &out.ExitCode
+	c.exit = out.ExitCode
 	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
 	// The output travels once where it can (as a read's content does): a
@@ -293,10 +321,13 @@ func timedOut(timeout time.Duration) *errcode.Error {
 // hint.
 func renderExec(out ExecOut, full bool) string {
 	var b strings.Builder
-	if out.TimedOut {
+	switch {
+	case out.TimedOut:
 		b.WriteString("TIMEOUT: ")
-	} else {
-		fmt.Fprintf(&b, "exit code %d (%d ms, job %s)\n", out.ExitCode, out.DurationMS, out.Job)
+	case out.Running:
+		fmt.Fprintf(&b, "running as job %s\n", out.Job)
+	default:
+		fmt.Fprintf(&b, "exit code %d (%d ms, job %s)\n", *out.ExitCode, *out.DurationMS, out.Job)
 	}
 	if out.TimedOut {
 		// The hint starts with the timeout's sentence.
@@ -321,4 +352,20 @@ func renderExec(out ExecOut, full bool) string {
 		b.WriteString("--- hint ---\n" + out.Hint + "\n")
 	}
 	return b.String()
+}
+
+// outOfMemory is the hint of a command during which the kernel killed a
+// process of the sandbox for want of memory: its 137 is no timeout.
+func outOfMemory(p policy.Policy) string {
+	return fmt.Sprintf("The sandbox ran out of memory (limit %s, workspace files included): the kernel killed a process while the command ran "+
+		"(it ends with SIGKILL, exit code 137; no timeout). Use less memory at once (fewer parallel jobs, smaller inputs), or delete large files from /workspace", sizeOf(p.Memory))
+}
+
+// beat is how often a call that holds a progress token hears from the
+// server at least.
+func (d *Deps) beat() time.Duration {
+	if d.progressBeat > 0 {
+		return d.progressBeat
+	}
+	return defaultProgressBeat
 }

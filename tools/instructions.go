@@ -42,6 +42,9 @@ func Instructions(v PolicyView, defaultImage string) string {
 	if p.Exec != policy.ExecDeny {
 		b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
 		fmt.Fprintf(&b, "A command is killed with everything it started after timeout_ms (default %s, at most %s). ", shortDuration(p.ExecTimeout), shortDuration(p.MaxExecTimeout))
+		if p.MaxCallWait > 0 {
+			fmt.Fprintf(&b, "A call returns within %s: a command still running then goes on as its job (running: true); follow it with sandbox_job wait_ms. ", shortDuration(p.MaxCallWait))
+		}
 		b.WriteString("For servers, watchers and long builds, start it with background: true and follow it with sandbox_job (read output, send input or a signal; without job it lists your jobs). ")
 	}
 

@@ -174,6 +174,12 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 	if in.Signal != "" && st.Killed > 0 {
 		notes = append(notes, fmt.Sprintf("KILL ended %d processes", st.Killed))
 	}
+	if st.State != agentproto.JobRunning && st.OOMKills > 0 {
+		notes = append(notes, outOfMemory(p))
+	}
+	if out.DroppedBytes > 0 {
+		notes = append(notes, longLog)
+	}
 	out.Hint = joinHints(notes...)
 	full := textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out, full)}}}, out, nil

@@ -58,6 +58,12 @@ type rig struct {
 
 func newRig(t *testing.T, edit func(*policy.Policy)) *rig {
 	t.Helper()
+	return newRigWith(t, edit, nil)
+}
+
+// newRigWith is newRig with the client's options (a progress handler, say).
+func newRigWith(t *testing.T, edit func(*policy.Policy), copts *mcp.ClientOptions) *rig {
+	t.Helper()
 	cli := testenv.Engine(t)
 	instance := fmt.Sprintf("test-tools-%d", time.Now().UnixNano())
 	p := policy.Default()
@@ -97,7 +103,7 @@ func newRig(t *testing.T, edit func(*policy.Policy)) *rig {
 	if r.ss, err = s.Connect(ctx, st, nil); err != nil {
 		t.Fatal(err)
 	}
-	if r.cs, err = mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, nil).Connect(ctx, ct, nil); err != nil {
+	if r.cs, err = mcp.NewClient(&mcp.Implementation{Name: "c", Version: "0"}, copts).Connect(ctx, ct, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.cs.Close() })

@@ -30,6 +30,7 @@ type cutStream struct {
 	head     []byte
 	tail     []byte
 	omitted  int64 // bytes left out between head and tail
+	dropped  int64 // the oldest bytes the job no longer keeps
 	job      string
 	notUTF8  bool
 	shownAll bool
@@ -39,14 +40,27 @@ type cutStream struct {
 func (s cutStream) offsetArg() string { return s.name + "_offset" }
 
 // note is the sentence that says what was left out and how to read it;
-// "" when nothing was.
+// "" when nothing was. It offers no offset whose bytes the job dropped.
 func (s cutStream) note() string {
 	if s.omitted <= 0 {
 		return ""
 	}
+	head := int64(len(s.head))
+	switch {
+	case s.dropped >= head+s.omitted:
+		return fmt.Sprintf("%d bytes of %s were left out after its first %d, and its job no longer keeps them (it keeps the last of each stream)",
+			s.omitted, s.name, head)
+	case s.dropped > head:
+		return fmt.Sprintf("%d bytes of %s were left out after its first %d; its job keeps them from byte %d on: read them with sandbox_job (job %q, %s %d)",
+			s.omitted, s.name, head, s.dropped, s.job, s.offsetArg(), s.dropped)
+	}
 	return fmt.Sprintf("%d bytes of %s were left out after its first %d; read them with sandbox_job (job %q, %s %d)",
-		s.omitted, s.name, len(s.head), s.job, s.offsetArg(), len(s.head))
+		s.omitted, s.name, head, s.job, s.offsetArg(), head)
 }
+
+// longLog is the hint for output too long to read through results: a
+// file and a search read it better.
+const longLog = "For output this long, send it to a file (command: \"make > build.log 2>&1\") and read what matters with rg (rg -n error build.log) or tail (tail -n 50 build.log)"
 
 // text joins head, the cut line and tail.
 func (s cutStream) text() string {

@@ -30,6 +30,7 @@ type PolicyView struct {
 	policy.Policy
 	ExecTimeoutMS    int64    `json:"exec_timeout_ms"`
 	MaxExecTimeoutMS int64    `json:"max_exec_timeout_ms"`
+	MaxCallWaitMS    int64    `json:"max_call_wait_ms"`
 	MaxArgvBytes     int      `json:"max_argv_bytes"`
 	MaxEnvBytes      int      `json:"max_env_bytes"`
 	Image            string   `json:"image,omitempty"`
@@ -59,7 +60,7 @@ func SecretViewOf(name string, hosts []string) SecretView {
 
 // ViewOf returns the resource view of p.
 func ViewOf(p policy.Policy, image string, env []string) PolicyView {
-	v := PolicyView{Policy: p, ExecTimeoutMS: p.ExecTimeout.Milliseconds(), MaxExecTimeoutMS: p.MaxExecTimeout.Milliseconds(), Image: image,
+	v := PolicyView{Policy: p, ExecTimeoutMS: p.ExecTimeout.Milliseconds(), MaxExecTimeoutMS: p.MaxExecTimeout.Milliseconds(), MaxCallWaitMS: p.MaxCallWait.Milliseconds(), Image: image,
 		MaxArgvBytes: policy.MaxArgvBytes, MaxEnvBytes: policy.MaxEnvBytes}
 	for _, e := range env {
 		name, _, _ := strings.Cut(e, "=")

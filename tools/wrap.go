@@ -24,6 +24,9 @@ type Deps struct {
 	// Audit, if set, receives one record per tool call.
 	Audit func(Record)
 
+	// progressBeat, if set, replaces defaultProgressBeat (tests).
+	progressBeat time.Duration
+
 	// budget bounds the memory of calls in flight, from Policy's
 	// MaxInflightBytes and MaxSessionInflightBytes; All makes it.
 	budget *budget

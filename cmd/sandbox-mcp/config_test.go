@@ -262,3 +262,28 @@ func TestExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxCallWaitFlag: --max-call-wait is 50s by default and is set like
+// every flag, from the file, the environment or the command line; below a
+// second (but 0) it is refused.
+func TestMaxCallWaitFlag(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseConfig(nil, envFrom(map[string]string{"HOME": dir}))
+	if err != nil || cfg.Policy.MaxCallWait != 50*time.Second {
+		t.Fatalf("default: %s %v", cfg.Policy.MaxCallWait, err)
+	}
+	file := filepath.Join(dir, "c.json")
+	os.WriteFile(file, []byte(`{"max-call-wait": "20s"}`), 0o600)
+	if cfg, err = ParseConfig([]string{"--config", file}, envFrom(map[string]string{"HOME": dir})); err != nil || cfg.Policy.MaxCallWait != 20*time.Second {
+		t.Fatalf("from the file: %s %v", cfg.Policy.MaxCallWait, err)
+	}
+	if cfg, err = ParseConfig(nil, envFrom(map[string]string{"HOME": dir, "SANDBOX_MCP_MAX_CALL_WAIT": "0"})); err != nil || cfg.Policy.MaxCallWait != 0 {
+		t.Fatalf("from the environment: %s %v", cfg.Policy.MaxCallWait, err)
+	}
+	if cfg, err = ParseConfig([]string{"--max-call-wait", "2m"}, envFrom(map[string]string{"HOME": dir})); err != nil || cfg.Policy.MaxCallWait != 2*time.Minute {
+		t.Fatalf("from the flag: %s %v", cfg.Policy.MaxCallWait, err)
+	}
+	if _, err = ParseConfig([]string{"--max-call-wait", "10ms"}, envFrom(map[string]string{"HOME": dir})); err == nil || !strings.Contains(err.Error(), "--max-call-wait") {
+		t.Fatalf("10ms: %v", err)
+	}
+}

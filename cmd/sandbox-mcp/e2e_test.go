@@ -237,7 +237,7 @@ func (s *server) ok(name string, args map[string]any) map[string]any {
 	if _, ok := m["sandbox"].(string); !ok && name != "sandbox_snapshot_delete" {
 		s.t.Fatalf("%s: result has no sandbox id: %v", name, m)
 	}
-	return m
+	return s.followRunning(name, args, m)
 }
 
 // fails calls a tool that must fail with code and returns the error text.

@@ -66,6 +66,9 @@ func (s *server) run(command string, env map[string]string, timeout time.Duratio
 		s.sandboxes[id] = true
 		s.mu.Unlock()
 	}
+	if !res.IsError {
+		m = s.followRunning("sandbox_exec", args, m)
+	}
 	if res.IsError || m["exit_code"] != float64(0) {
 		s.t.Fatalf("exec %q failed: %s\nstdout: %v\nstderr: %v", command, text(res), m["stdout"], m["stderr"])
 	}

@@ -13,8 +13,13 @@
 //	intruder hide [-clearenv]  start a child in a new session that clears its dumpable
 //	                           flag (and, with -clearenv, has an empty environment) and
 //	                           sleeps; return at once
-//	intruder procs UID         list the live processes whose real uid is UID, this one
-//	                           left out
+//	intruder leaderless        start a child in a new session that ends its main thread
+//	                           (a raw exit, not exit_group) while another thread runs on
+//	                           holding stdout and stderr; print its pid once its main
+//	                           thread shows State Z, and return
+//	intruder procs UID         list the live processes whose real uid is UID (a process
+//	                           with a zombie main thread and a live thread included),
+//	                           this one left out
 //	intruder stop-starts SECS  for SECS seconds, stop every command the agent is starting
 //	                           (before it executes its program); print how many
 package main
@@ -38,6 +43,14 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
 
+// The leaderless child's main goroutine must run on the main thread, the
+// thread it ends.
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == "leaderless-child" {
+		runtime.LockOSThread()
+	}
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: intruder probe|impersonate|hide|procs ...")
@@ -53,6 +66,10 @@ func main() {
 		hide(len(os.Args) > 2 && os.Args[2] == "-clearenv")
 	case "hidden":
 		hidden()
+	case "leaderless":
+		leaderless()
+	case "leaderless-child":
+		leaderlessChild()
 	case "stop-starts":
 		secs, _ := strconv.Atoi(os.Args[2])
 		stopStarts(time.Duration(secs) * time.Second)
@@ -314,12 +331,76 @@ func hidden() {
 	}
 }
 
-// procs prints "pid comm state groups" for every process whose real uid is
-// uid and that is not a zombie, this process left out.
+// leaderless starts leaderless-child in a new session, with this
+// process's stdout and stderr, and returns once the child's main thread has
+// ended and another of its threads runs: its status then reads State Z.
+func leaderless() {
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cmd := exec.Command(self, "leaderless-child")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if strings.Contains(string(st), "State:\tZ") && liveThreads(pid) > 0 {
+			fmt.Println(pid)
+			return
+		}
+	}
+	fmt.Fprintln(os.Stderr, "the child's main thread did not end")
+	os.Exit(1)
+}
+
+// leaderlessChild runs a thread that sleeps on, holding the process's
+// files, and ends the main thread alone.
+func leaderlessChild() {
+	running := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		close(running)
+		for {
+			time.Sleep(time.Hour)
+		}
+	}()
+	<-running
+	for {
+		_, _, _ = syscall.RawSyscall(syscall.SYS_EXIT, 0, 0, 0)
+	}
+}
+
+// liveThreads counts the tasks of pid that are neither zombies nor dead.
+func liveThreads(pid int) int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	n := 0
+	for _, t := range tasks {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if i := strings.LastIndexByte(string(st), ')'); err == nil && i >= 0 {
+			if f := strings.Fields(string(st[i+1:])); len(f) > 0 && f[0] != "Z" && f[0] != "X" {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// procs prints "pid comm state groups" for every live process whose real
+// uid is uid, this process left out. A process whose main thread is a
+// zombie is live while another of its threads is.
 func procs(uid int) {
 	for _, p := range listProcs() {
 		uids := strings.Fields(p.fields["Uid"])
-		if p.pid == os.Getpid() || len(uids) == 0 || uids[0] != strconv.Itoa(uid) || strings.HasPrefix(p.fields["State"], "Z") {
+		if p.pid == os.Getpid() || len(uids) == 0 || uids[0] != strconv.Itoa(uid) {
+			continue
+		}
+		if strings.HasPrefix(p.fields["State"], "Z") && liveThreads(p.pid) == 0 {
 			continue
 		}
 		fmt.Printf("%d %s %s groups=%s\n", p.pid, p.name, p.fields["State"], p.fields["Groups"])
