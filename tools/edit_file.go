@@ -7,6 +7,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
 // NameEditFile is sandbox_edit_file's name.
@@ -76,7 +77,7 @@ func (d *Deps) editFile(ctx context.Context, c *call, sb Sandbox, in EditIn) (*m
 	if err := d.reserve(ctx, c, policy.StreamReserve(), 0, "or edit in smaller steps"); err != nil {
 		return nil, out, err
 	}
-	res, err := sb.EditFile(ctx, rel, in.OldString, in.NewString, in.ReplaceAll, d.Policy.MaxFileBytes)
+	res, err := sb.EditFile(ctx, rel, []session.Edit{{OldText: in.OldString, NewText: in.NewString, ReplaceAll: in.ReplaceAll}}, d.Policy.MaxFileBytes)
 	if err != nil {
 		return nil, out, err
 	}

@@ -121,14 +121,16 @@ func (s *fakeSandbox) Jobs(ctx context.Context) ([]session.JobInfo, error) {
 	return nil, nil
 }
 
-func (s *fakeSandbox) ReadLines(ctx context.Context, path string, start, end, maxBytes int64) (session.ReadResult, error) {
-	s.f.record("ReadLines %s %d %d", path, start, end)
+func (s *fakeSandbox) Read(ctx context.Context, req session.ReadRequest) (session.ReadResult, error) {
+	s.f.record("Read %s %d %d", req.Path, req.StartLine, req.EndLine)
 	return s.read, nil
 }
 
-func (s *fakeSandbox) EditFile(ctx context.Context, path, oldText, newText string, replaceAll bool, maxFile int64) (session.EditResult, error) {
-	s.f.record("EditFile %s %q %q %v", path, oldText, newText, replaceAll)
-	return session.EditResult{Replacements: 1, Size: 10}, nil
+func (s *fakeSandbox) EditFile(ctx context.Context, path string, edits []session.Edit, maxFile int64) (session.EditResult, error) {
+	for _, e := range edits {
+		s.f.record("EditFile %s %q %q %v", path, e.OldText, e.NewText, e.ReplaceAll)
+	}
+	return session.EditResult{Replacements: len(edits), Size: 10}, nil
 }
 
 func (s *fakeSandbox) Delete(ctx context.Context, path string, recursive bool) (session.DeleteResult, error) {
@@ -141,9 +143,9 @@ func (s *fakeSandbox) Move(ctx context.Context, from, to string, overwrite bool)
 	return session.MoveResult{To: to, Type: "file"}, nil
 }
 
-func (s *fakeSandbox) List(ctx context.Context, path string, recursive bool, maxEntries int) ([]session.Entry, bool, error) {
-	s.f.record("List %s recursive=%v max=%d", path, recursive, maxEntries)
-	return s.entries, false, nil
+func (s *fakeSandbox) List(ctx context.Context, path string, o session.ListOptions) (session.ListResult, error) {
+	s.f.record("List %s recursive=%v max=%d", path, o.Recursive, o.MaxEntries)
+	return session.ListResult{Entries: s.entries}, nil
 }
 
 func (s *fakeSandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, error) {
@@ -477,7 +479,7 @@ func TestFileOpsAskWithWorkspacePaths(t *testing.T) {
 		"Sandbox", `EditFile e.txt "a" "b" false`,
 		"Sandbox", "Delete d/x false",
 		"Sandbox", "Move a b/a false",
-		"Sandbox", "ReadLines l.txt 2 2",
+		"Sandbox", "Read l.txt 2 2",
 	}
 	if calls := r.f.made(); !slices.Equal(calls, want) {
 		t.Errorf("calls\n%q\nwant\n%q", calls, want)

@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
 // NameList is the name of the tool that lists files.
@@ -86,10 +87,11 @@ func (d *Deps) list(ctx context.Context, c *call, sb Sandbox, in ListIn) (*mcp.C
 	if err := d.reserve(ctx, c, policy.ListReserve(n), reserveWait, "or list fewer entries with max_entries"); err != nil {
 		return nil, out, err
 	}
-	entries, truncated, err := sb.List(ctx, rel, in.Recursive, n)
+	lr, err := sb.List(ctx, rel, session.ListOptions{Recursive: in.Recursive, MaxEntries: n})
 	if err != nil {
 		return nil, out, err
 	}
+	entries, truncated := lr.Entries, lr.Truncated
 	out.Entries = make([]ListEntry, 0, len(entries))
 	out.Path, out.Truncated = rel, truncated
 	var text strings.Builder

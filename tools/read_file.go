@@ -123,7 +123,8 @@ func (d *Deps) readFile(ctx context.Context, c *call, sb Sandbox, in readReq) (*
 	}
 	var res session.ReadResult
 	if lines {
-		res, err = sb.ReadLines(ctx, rel, max(in.StartLine, 1), in.EndLine, d.Policy.MaxFileBytes)
+		res, err = sb.Read(ctx, session.ReadRequest{Path: rel, StartLine: max(in.StartLine, 1), EndLine: in.EndLine,
+			Max: d.Policy.MaxFileBytes, MaxScan: d.Policy.MaxFileBytes})
 	} else {
 		res, err = sb.ReadFile(ctx, rel, in.Offset, in.Length, d.Policy.MaxFileBytes)
 		res.Offset = in.Offset
