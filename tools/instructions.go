@@ -43,6 +43,7 @@ func Instructions(v PolicyView, defaultImage string) string {
 		b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
 		fmt.Fprintf(&b, "A command is killed with everything it started after timeout_ms (default %s, at most %s). ", shortDuration(p.ExecTimeout), shortDuration(p.MaxExecTimeout))
 		b.WriteString("For servers, watchers and long builds, start it with background: true and follow it with sandbox_job (read output, send input or a signal; without job it lists your jobs). ")
+		b.WriteString("Search with `rg`; apply a unified diff with `patch -p1` or `git apply`. ")
 	}
 
 	paragraph(&b)
