@@ -215,6 +215,8 @@ func (d *Deps) readFile(ctx context.Context, c *call, sb Sandbox, in readReq) (*
 
 	var head strings.Builder
 	switch {
+	case res.Size == 0:
+		fmt.Fprintf(&head, "%s: empty file", rel)
 	case lines && res.EndLine == 0 && n == 0:
 		fmt.Fprintf(&head, "%s: no lines from line %d (the file has %d bytes)", rel, req.StartLine, res.Size)
 	case lines:
@@ -229,7 +231,7 @@ func (d *Deps) readFile(ctx context.Context, c *call, sb Sandbox, in readReq) (*
 	switch {
 	case out.MediaType != "" && in.Encoding != "base64":
 		out.Encoding = "base64"
-		out.Hint = fmt.Sprintf("%s is a %s image of %d bytes: call sandbox_view_image to look at it, or read it with encoding base64 for its bytes", rel, out.MediaType, res.Size)
+		out.Hint = fmt.Sprintf("%s is a %s image of %d bytes: call sandbox_view_image to look at it, or read its bytes with encoding base64 and byte_length %d", rel, out.MediaType, res.Size, res.Size)
 	case in.Encoding != "base64" && !binary:
 		out.Encoding = "utf-8"
 		if len(res.Cuts) > 0 {
