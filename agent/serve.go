@@ -299,17 +299,28 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 				if req.Offset != 0 || req.Length != 0 {
 					err = errcode.Errorf(errcode.InvalidArgument, "read %q: give lines or a byte range, not both", req.Path)
 				} else {
-					res, err = s.ws.ReadLines(req.Path, req.StartLine, req.EndLine, req.Max, dst)
+					res, err = s.ws.ReadLines(ctx, req.Path, workspace.Lines{Start: req.StartLine, End: req.EndLine, Max: req.Max,
+						MaxScan: req.MaxScan, MaxLineChars: req.MaxLineChars}, dst)
 				}
 			} else {
-				res, err = s.ws.ReadFile(req.Path, req.Offset, req.Length, req.Max, dst)
+				res, err = s.ws.ReadFile(ctx, req.Path, req.Offset, req.Length, req.Max, dst)
 			}
 			s.finish(c.id, res, err)
 		})
 	case agentproto.KindEdit:
 		var req agentproto.EditRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
-			res, err := s.ws.EditFile(req.Path, c.in, req.OldSize, req.NewSize, req.ReplaceAll, req.MaxFile)
+			edits := req.Edits
+			if len(edits) == 0 {
+				edits = []agentproto.EditSpec{{OldSize: req.OldSize, NewSize: req.NewSize, ReplaceAll: req.ReplaceAll}}
+			}
+			var res agentproto.EditResult
+			var err error
+			if len(req.Edits) > 0 && (req.OldSize != 0 || req.NewSize != 0 || req.ReplaceAll) {
+				err = errcode.Errorf(errcode.InvalidArgument, "edit %q: give one edit or a list of edits, not both", req.Path)
+			} else {
+				res, err = s.ws.EditFile(ctx, req.Path, c.in, edits, req.MaxFile)
+			}
 			c.in.abort(err)
 			s.finish(c.id, res, err)
 		})
@@ -336,7 +347,8 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		var req agentproto.ListRequest
 		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
 			lw := &entryWriter{cw: chunkWriter{s: s, id: c.id}}
-			res, err := s.ws.List(req.Path, req.Recursive, req.Max, lw.emit)
+			res, err := s.ws.List(ctx, req.Path, workspace.ListOptions{Recursive: req.Recursive, Max: req.Max,
+				Pattern: req.Pattern, Prune: req.Prune, MaxScan: req.MaxScan}, lw.emit)
 			if err == nil {
 				err = lw.flush()
 			}
@@ -392,9 +404,19 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 		withInput = true
 	}
 	cctx, cancel := context.WithCancel(ctx)
+	if t := f.Timeout(); t > 0 {
+		// The server waits this long for the answer, then gives up: the
+		// work stops here too, whether its cancel frame arrives or not.
+		tctx, stop := context.WithTimeout(cctx, t)
+		parent := cancel
+		cctx, cancel = tctx, func() { stop(); parent() }
+	}
 	c := &call{id: f.ID, cancel: cancel}
 	if withInput {
 		c.in = newInbox()
+		// A request stopped while it waits for its input stops waiting.
+		in := c.in
+		context.AfterFunc(cctx, func() { in.abort(errcode.Errorf(errcode.Timeout, "the request was stopped before its input arrived")) })
 	}
 	if detachable {
 		c.detach = make(chan struct{})

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // Version is the protocol version spoken by this package. The server
@@ -56,16 +57,26 @@ import (
 //     the agent writes a CA bundle (the image's roots and that
 //     certificate) before any command runs. A version 2 agent answers it
 //     with an error, and the sandbox's programs would not trust the proxy.
-//   - 4 (2026-12-01): a foreground exec may be detached (KindDetach): the
-//     agent then answers with KindResult and the job's JobStatus, and the
-//     command runs on as a background job, its timeout kept, its next read
-//     starting after the output streamed so far. A version 3 agent would
-//     answer the detach frame with an error and leave the exec waiting.
+//   - 4 (2026-12-01): a request's header may carry a timeout (Header.
+//     TimeoutMillis): the agent stops the request when it passes, as if
+//     cancelled, and answers TIMEOUT; the scans of a line read and of a
+//     list are bounded by the bytes and entries the server allows
+//     (ReadRequest.MaxScan, ListRequest.MaxScan). A foreground exec may be
+//     detached (KindDetach): the agent then answers with KindResult and the
+//     job's JobStatus, and the command runs on as a background job, its
+//     timeout kept, its next read starting after the output streamed so
+//     far. A version 3 agent would ignore the timeout and the bounds (and
+//     go on scanning after the server gave up, holding the workspace), and
+//     answer the detach frame with an error, leaving the exec waiting.
 //     Additive: ExecResult.PipesHeld (a process kept the command's output
 //     open past the agent's wait), ExecResult.OOMKills and
 //     JobStatus.OOMKills (kills the sandbox's memory cgroup counted while
-//     the command ran); a job wait returns on a line end or a short quiet
-//     period instead of the first byte.
+//     the command ran); a line read may cut long lines (MaxLineChars,
+//     answered with Cuts and End); an edit may carry several replacements
+//     (EditRequest.Edits); a list walks breadth-first, may filter by a glob
+//     (Pattern) and leave dependency trees unentered (Prune, answered by
+//     entries with Pruned and Count). A job wait returns on a line end or a
+//     short quiet period instead of the first byte.
 const Version = 4
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
@@ -169,9 +180,17 @@ const (
 
 // Header is the JSON head of a frame.
 type Header struct {
-	ID   uint64          `json:"id"`
-	Kind Kind            `json:"k"`
-	Body json.RawMessage `json:"b,omitempty"`
+	ID   uint64 `json:"id"`
+	Kind Kind   `json:"k"`
+	// TimeoutMillis, on a request from the server, is how long the agent
+	// may work on it, in milliseconds from when it reads the frame: then it
+	// stops the request as it stops a cancelled one and answers TIMEOUT.
+	// The server sets it from the deadline it waits for the answer by, so
+	// the agent never works on what the server gave up on, whether the
+	// cancel frame arrives or not. 0 sets no limit (an exec has its own
+	// TimeoutMillis in its body).
+	TimeoutMillis int64           `json:"t,omitempty"`
+	Body          json.RawMessage `json:"b,omitempty"`
 }
 
 // Frame is one decoded message.
@@ -226,7 +245,36 @@ func NewWriter(w io.Writer) *Writer {
 // with an error that wraps ErrNotSent and ErrFrameTooLarge, before anything
 // is written.
 func (w *Writer) Write(id uint64, kind Kind, body any, payload []byte) error {
-	h := Header{ID: id, Kind: kind}
+	return w.write(Header{ID: id, Kind: kind}, body, payload)
+}
+
+// WriteRequest is Write for a request the agent must finish within timeout
+// (Header.TimeoutMillis, rounded up to a whole millisecond); a timeout of 0
+// or less sets none.
+func (w *Writer) WriteRequest(id uint64, kind Kind, timeout time.Duration, body any) error {
+	return w.write(Header{ID: id, Kind: kind, TimeoutMillis: TimeoutMillis(timeout)}, body, nil)
+}
+
+// TimeoutMillis is d in whole milliseconds, rounded up, for
+// Header.TimeoutMillis: 0 for none when d is 0 or less.
+func TimeoutMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// Timeout is the header's TimeoutMillis as a duration (0: none); a
+// negative value reads as none too.
+func (h Header) Timeout() time.Duration {
+	if h.TimeoutMillis <= 0 {
+		return 0
+	}
+	return time.Duration(min(h.TimeoutMillis, int64(1<<62)/int64(time.Millisecond))) * time.Millisecond
+}
+
+func (w *Writer) write(h Header, body any, payload []byte) error {
+	kind := h.Kind
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {

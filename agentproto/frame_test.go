@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -112,5 +113,26 @@ func TestWriterRefusesBeforeWriting(t *testing.T) {
 	}
 	if f, err := r.Read(); err != nil || f.ID != 5 || f.Kind != KindPing {
 		t.Fatalf("the frame after it: %+v %v", f, err)
+	}
+}
+
+// A request's timeout travels in its header, rounded up to a millisecond.
+func TestRequestTimeoutRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	for _, d := range []time.Duration{1500 * time.Microsecond, time.Minute, 0, -time.Second} {
+		if err := w.WriteRequest(3, KindRead, d, ReadRequest{Path: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := NewReader(&buf)
+	for _, want := range []time.Duration{2 * time.Millisecond, time.Minute, 0, 0} {
+		f, err := r.Read()
+		if err != nil || f.Timeout() != want || f.Kind != KindRead {
+			t.Fatalf("got %+v (timeout %v), %v; want a timeout of %v", f.Header, f.Timeout(), err, want)
+		}
+	}
+	if h := (Header{TimeoutMillis: 1 << 62}); h.Timeout() <= 0 {
+		t.Fatalf("a huge timeout reads as %v", h.Timeout())
 	}
 }

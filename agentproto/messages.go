@@ -216,6 +216,15 @@ type ReadRequest struct {
 	// range; Offset and Length must then be 0. Lines end with "\n".
 	StartLine int64 `json:"start_line,omitempty"`
 	EndLine   int64 `json:"end_line,omitempty"`
+	// MaxScan bounds the bytes of the file a line read looks at, from the
+	// file's first byte: lines are found and counted in them only, however
+	// large the file says it is. 0 means no bound.
+	MaxScan int64 `json:"max_scan,omitempty"`
+	// MaxLineChars, if not 0, cuts every line of a line read that is
+	// longer than this many characters (UTF-8 sequences; a byte that is not
+	// one counts as one) to its first MaxLineChars, keeping its "\n"; the
+	// result's Cuts say which lines lost what.
+	MaxLineChars int64 `json:"max_line_chars,omitempty"`
 }
 
 // ReadResult ends a read. The content came in the data frames before it.
@@ -225,12 +234,32 @@ type ReadResult struct {
 	// Offset is the byte of the file the content starts at (a line read's
 	// first line; a byte read's Offset).
 	Offset int64 `json:"offset,omitempty"`
+	// End is the byte of the file after the content's last byte: where a
+	// read by bytes goes on (a line read's content is not one run of the
+	// file's bytes when lines were cut).
+	End int64 `json:"end,omitempty"`
 	// For a line read: the first and the last line in the content (the
 	// last may be cut, when Max stopped inside it), and the number of lines
-	// in the file.
+	// in the bytes scanned.
 	StartLine  int64 `json:"start_line,omitempty"`
 	EndLine    int64 `json:"end_line,omitempty"`
 	TotalLines int64 `json:"total_lines,omitempty"`
+	// Scanned is, for a line read, the bytes of the file looked at: the
+	// whole file, or MaxScan of it. TotalLines counts the lines in them.
+	Scanned int64 `json:"scanned,omitempty"`
+	// Cuts are the lines MaxLineChars cut, in order; at most one per
+	// MaxLineChars bytes of content, and one more.
+	Cuts []LineCut `json:"cuts,omitempty"`
+}
+
+// LineCut is a line a line read cut short.
+type LineCut struct {
+	Line int64 `json:"line"`
+	// Offset is the byte of the file where the part left out starts.
+	Offset int64 `json:"offset"`
+	// Rest is the bytes of the line left out, its "\n" not counted. A
+	// line that goes on past the bytes scanned counts only those.
+	Rest int64 `json:"rest"`
 }
 
 // WriteRequest writes a regular file from the data frames that follow.
@@ -258,6 +287,22 @@ type EditRequest struct {
 	ReplaceAll bool   `json:"replace_all"`
 	// MaxFile is the largest file the edit reads or leaves behind.
 	MaxFile int64 `json:"max_file"`
+	// Edits, when set, are several replacements applied in order, each to
+	// the text the ones before it left, all or nothing: the file changes
+	// only if every one applies. The data frames carry each one's old text
+	// then its new text, in order. OldSize, NewSize and ReplaceAll are then
+	// 0.
+	Edits []EditSpec `json:"edits,omitempty"`
+}
+
+// MaxEdits is the most replacements one EditRequest may carry.
+const MaxEdits = 100
+
+// EditSpec is one replacement of an EditRequest with several.
+type EditSpec struct {
+	OldSize    int64 `json:"old_size"`
+	NewSize    int64 `json:"new_size"`
+	ReplaceAll bool  `json:"replace_all"`
 }
 
 // EditResult ends an edit.
@@ -294,11 +339,24 @@ type MoveResult struct {
 	Type string `json:"type"` // what was moved: file, dir, symlink or other
 }
 
-// ListRequest lists a directory.
+// ListRequest lists a directory. A recursive list goes breadth-first: the
+// directory's entries, then those of its subdirectories, a level at a time,
+// sorted by name within each directory.
 type ListRequest struct {
 	Path      string `json:"path"`
 	Recursive bool   `json:"recursive"`
 	Max       int    `json:"max"`
+	// Pattern, if set, is a glob (see workspace.MatchGlob) an entry's
+	// workspace-relative path must match to be sent; directories that do
+	// not match are still walked.
+	Pattern string `json:"pattern,omitempty"`
+	// Prune names directories a recursive list does not enter below its
+	// start (dependency trees, version control): each is sent as one
+	// entry with Pruned set and Count.
+	Prune []string `json:"prune,omitempty"`
+	// MaxScan bounds the directory entries the list looks at, sent or
+	// not; past it the list ends, truncated. 0 means no bound.
+	MaxScan int `json:"max_scan,omitempty"`
 }
 
 // Entry is one listed file. Its JSON lines travel in data frames.
@@ -309,6 +367,10 @@ type Entry struct {
 	Mode   uint32    `json:"mode"` // permission bits and setuid/setgid/sticky
 	MTime  time.Time `json:"mtime"`
 	Target string    `json:"target,omitempty"` // symlink target, as stored
+	// Pruned marks a directory listed but not entered (ListRequest.Prune);
+	// Count is then the number of entries directly in it.
+	Pruned bool  `json:"pruned,omitempty"`
+	Count  int64 `json:"count,omitempty"`
 }
 
 // Entry types.
@@ -323,6 +385,9 @@ const (
 type ListResult struct {
 	Count     int  `json:"count"`
 	Truncated bool `json:"truncated"`
+	// Scanned is the directory entries looked at; it reaches MaxScan when
+	// that bound ended the list.
+	Scanned int `json:"scanned,omitempty"`
 }
 
 // ResolveRequest resolves program names the way exec does: a name without a

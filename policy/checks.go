@@ -253,29 +253,48 @@ func ListEntries(n int) (int, Decision) {
 	return n, Allowed
 }
 
-// CheckRange validates sandbox_read_file's offset and length.
-func CheckRange(offset, length int64) Decision {
-	if offset < 0 || length < 0 {
-		return Deny(errcode.InvalidArgument, "offset and length must not be negative")
+// CheckReadRange validates sandbox_read_file's range and reports whether it
+// is one of bytes: lines (offset, the first, 1-based; limit, how many) or
+// bytes (byte_offset, byte_length), never both; nothing negative.
+func CheckReadRange(offset, limit, byteOffset, byteLength int64) (bool, Decision) {
+	switch {
+	case offset < 0 || limit < 0 || byteOffset < 0 || byteLength < 0:
+		return false, Deny(errcode.InvalidArgument, "offset, limit, byte_offset and byte_length must not be negative (offset is a line number, from 1)")
+	case (offset > 0 || limit > 0) && (byteOffset > 0 || byteLength > 0):
+		return false, Deny(errcode.InvalidArgument, "give lines (offset, the first line from 1, and limit, how many) or bytes (byte_offset and byte_length), not both")
+	}
+	return byteOffset > 0 || byteLength > 0, Allowed
+}
+
+// CheckPattern validates sandbox_list's pattern: a glob of "/"-separated
+// elements, each as path.Match reads it, or "**".
+func CheckPattern(pattern string) Decision {
+	if len(pattern) > MaxPatternBytes {
+		return Deny(errcode.InvalidArgument, "pattern is %d bytes; give at most %d", len(pattern), MaxPatternBytes)
+	}
+	for _, el := range strings.Split(pattern, "/") {
+		if _, err := path.Match(el, ""); err != nil {
+			return Deny(errcode.InvalidArgument, "pattern %q is malformed (an unclosed [ or a trailing \\); use * and ? within a name, ** for any number of directories, e.g. **/*.py", clip(pattern))
+		}
 	}
 	return Allowed
 }
 
-// CheckLines validates sandbox_read_file's start_line and end_line and
-// reports whether the read is by lines: lines are 1-based, end_line is not
-// before start_line, and a line read takes no offset or length.
-func CheckLines(offset, length, startLine, endLine int64) (bool, Decision) {
+// MaxEdits is the most edits one sandbox_edit_file call takes.
+const MaxEdits = agentproto.MaxEdits
+
+// CheckEdits decides whether n edits whose strings take total bytes may be
+// sent in one sandbox_edit_file call: at most MaxEdits of them, and their
+// strings together at most twice the file cap (the most one edit's two
+// strings take).
+func (p Policy) CheckEdits(n int, total int64) Decision {
 	switch {
-	case startLine == 0 && endLine == 0:
-		return false, Allowed
-	case startLine < 0 || endLine < 0:
-		return false, Deny(errcode.InvalidArgument, "start_line and end_line are 1-based line numbers and must not be negative")
-	case offset != 0 || length != 0:
-		return false, Deny(errcode.InvalidArgument, "give either offset and length (bytes) or start_line and end_line (lines), not both")
-	case endLine != 0 && endLine < max(startLine, 1):
-		return false, Deny(errcode.InvalidArgument, "end_line %d is before start_line %d; give an end_line of at least start_line, or leave it out to read to the end", endLine, max(startLine, 1))
+	case n > MaxEdits:
+		return Deny(errcode.InvalidArgument, "%d edits; give at most %d in one call, and the rest in another", n, MaxEdits)
+	case total > 2*p.MaxFileBytes:
+		return Deny(errcode.TooLarge, "the edits' strings take %d bytes together; one call takes at most %d (twice --max-file-bytes); edit in smaller steps", total, 2*p.MaxFileBytes)
 	}
-	return true, Allowed
+	return Allowed
 }
 
 // CheckEdit decides whether sandbox_edit_file's strings may be sent: they

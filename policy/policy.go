@@ -82,13 +82,24 @@ const (
 	DefaultCPUs              = 1.0
 	DefaultPids              = 256
 	DefaultMaxExecs          = 8
-	DefaultListEntries       = 1000
+	DefaultListEntries       = 200
 	// DefaultMaxInflightBytes and DefaultMaxSessionInflightBytes bound the
 	// memory the server holds for tool calls in flight (see cost.go).
 	DefaultMaxInflightBytes        = 1 << 30
 	DefaultMaxSessionInflightBytes = 256 << 20
 	// MaxListEntries is the ceiling for sandbox_list's max_entries.
 	MaxListEntries = 10000
+	// ListScanEntries bounds the directory entries one sandbox_list looks
+	// at in the sandbox, listed or not (a pattern, pruned trees): past it
+	// the list ends, truncated.
+	ListScanEntries = 100_000
+	// MaxPatternBytes is the longest pattern sandbox_list takes.
+	MaxPatternBytes = 1024
+	// ReadWindowLines and ReadLineChars shape a sandbox_read_file without
+	// a range: at most ReadWindowLines lines (and --max-output-bytes),
+	// each cut after ReadLineChars characters.
+	ReadWindowLines = 2000
+	ReadLineChars   = 2000
 	// MaxPathBytes is the longest path a tool accepts.
 	MaxPathBytes = 4096
 )

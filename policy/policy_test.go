@@ -257,12 +257,6 @@ func TestListEntriesAndRange(t *testing.T) {
 			t.Errorf("ListEntries(%d) allowed", bad)
 		}
 	}
-	if d := CheckRange(-1, 0); d.Allow {
-		t.Error("negative offset allowed")
-	}
-	if d := CheckRange(0, -5); d.Allow {
-		t.Error("negative length allowed")
-	}
 }
 
 func TestDecisionString(t *testing.T) {
@@ -331,27 +325,53 @@ func TestArgvAndEnvSizes(t *testing.T) {
 	}
 }
 
-func TestCheckLines(t *testing.T) {
+func TestCheckReadRange(t *testing.T) {
 	cases := []struct {
-		off, length, start, end int64
-		lines                   bool
-		code                    errcode.Code
+		off, limit, boff, blen int64
+		bytes                  bool
+		code                   errcode.Code
 	}{
 		{0, 0, 0, 0, false, ""},
-		{5, 10, 0, 0, false, ""},
-		{0, 0, 1, 0, true, ""},
-		{0, 0, 0, 7, true, ""}, // end alone: from line 1
-		{0, 0, 3, 3, true, ""},
-		{0, 0, 3, 2, false, errcode.InvalidArgument},
-		{0, 0, -1, 0, false, errcode.InvalidArgument},
-		{4, 0, 1, 0, false, errcode.InvalidArgument},
-		{0, 4, 1, 2, false, errcode.InvalidArgument},
+		{100, 0, 0, 0, false, ""},
+		{1, 50, 0, 0, false, ""},
+		{0, 0, 10, 0, true, ""},
+		{0, 0, 0, 4096, true, ""},
+		{0, 0, 10, 20, true, ""},
+		{-1, 0, 0, 0, false, errcode.InvalidArgument},
+		{0, -1, 0, 0, false, errcode.InvalidArgument},
+		{0, 0, -3, 0, false, errcode.InvalidArgument},
+		{0, 0, 0, -3, false, errcode.InvalidArgument},
+		{5, 0, 10, 0, false, errcode.InvalidArgument},
+		{0, 5, 0, 10, false, errcode.InvalidArgument},
 	}
 	for _, tc := range cases {
-		lines, d := CheckLines(tc.off, tc.length, tc.start, tc.end)
-		if lines != tc.lines || d.Code != tc.code || d.Allow != (tc.code == "") {
-			t.Errorf("CheckLines(%d, %d, %d, %d) = %v, %+v", tc.off, tc.length, tc.start, tc.end, lines, d)
+		b, d := CheckReadRange(tc.off, tc.limit, tc.boff, tc.blen)
+		if b != tc.bytes || d.Code != tc.code || d.Allow != (tc.code == "") {
+			t.Errorf("CheckReadRange(%d, %d, %d, %d) = %v, %+v", tc.off, tc.limit, tc.boff, tc.blen, b, d)
 		}
+	}
+}
+
+func TestCheckPatternAndEdits(t *testing.T) {
+	for _, ok := range []string{"", "**/*.py", "src/*.go", "[a-z]*", "a/?/c"} {
+		if d := CheckPattern(ok); !d.Allow {
+			t.Errorf("CheckPattern(%q) = %+v", ok, d)
+		}
+	}
+	for _, bad := range []string{"src/[a", strings.Repeat("a", MaxPatternBytes+1)} {
+		if d := CheckPattern(bad); d.Allow || d.Code != errcode.InvalidArgument {
+			t.Errorf("CheckPattern(%.20q) = %+v", bad, d)
+		}
+	}
+	p := Default()
+	if d := p.CheckEdits(MaxEdits, 2*p.MaxFileBytes); !d.Allow {
+		t.Fatal(d)
+	}
+	if d := p.CheckEdits(MaxEdits+1, 10); d.Allow || d.Code != errcode.InvalidArgument {
+		t.Fatal(d)
+	}
+	if d := p.CheckEdits(2, 2*p.MaxFileBytes+1); d.Allow || d.Code != errcode.TooLarge {
+		t.Fatal(d)
 	}
 }
 

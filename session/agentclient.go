@@ -111,7 +111,10 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	var res ExecResult
 	jo := req.job
 	c.noteJob(jo.id)
-	p, err := c.open(agentproto.KindExec, agentproto.ExecRequest{
+	// The exec's own timeout (TimeoutMillis) bounds it at the agent, which
+	// kills the command with everything it started; the request carries
+	// no other deadline (a background job outlives its request).
+	p, err := c.open(context.WithoutCancel(ctx), agentproto.KindExec, agentproto.ExecRequest{
 		Path: req.Program, Argv: req.Argv, Cwd: req.Cwd, Env: req.Env,
 		TimeoutMillis: req.Timeout.Milliseconds(), MaxOutput: req.MaxOutput, Stdin: req.Stdin != nil,
 		Job: jo.id, Label: req.Label, Background: req.Background, KeepOutput: jo.keepOutput, MaxJobs: jo.maxJobs,
@@ -330,11 +333,17 @@ type ReadResult struct {
 	Data      []byte
 	Size      int64
 	Truncated bool
-	// Offset is the byte of the file Data starts at.
-	Offset int64
-	// For a line read (ReadLines): the first and last line in Data (the
-	// last may be cut short when Truncated) and the lines in the file.
-	StartLine, EndLine, TotalLines int64
+	// Offset is the byte of the file Data starts at, End the byte after
+	// its last (Data is not one run of the file's bytes when lines were
+	// cut).
+	Offset, End int64
+	// For a line read: the first and last line in Data (the last may be
+	// cut short when Truncated), the lines in the bytes scanned, and the
+	// bytes scanned (less than Size when the scan's bound stopped it).
+	StartLine, EndLine, TotalLines, Scanned int64
+	// Cuts are the lines MaxLineChars cut, in order. Each is in Data as
+	// its first MaxLineChars characters and its "\n".
+	Cuts []agentproto.LineCut
 }
 
 // readFile reads up to maxBytes of a file (and no more than length, when
@@ -372,15 +381,36 @@ func (c *conn) read(ctx context.Context, req agentproto.ReadRequest) (ReadResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
-			if r.Offset < 0 || r.StartLine < 0 || r.EndLine < 0 || r.TotalLines < 0 || r.EndLine > r.TotalLines ||
-				(req.StartLine == 0 && r.Offset != req.Offset) {
+			if r.Offset < 0 || r.End < r.Offset || r.StartLine < 0 || r.EndLine < 0 || r.TotalLines < 0 || r.EndLine > r.TotalLines ||
+				r.Scanned < 0 || (req.StartLine == 0 && r.Offset != req.Offset) || !validCuts(req, r, int64(len(buf))) {
 				return fmt.Errorf("%w: read result out of bounds: %+v", errProtocol, r)
 			}
-			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated,
-				Offset: r.Offset, StartLine: r.StartLine, EndLine: r.EndLine, TotalLines: r.TotalLines}
+			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated, Offset: r.Offset, End: r.End,
+				StartLine: r.StartLine, EndLine: r.EndLine, TotalLines: r.TotalLines, Scanned: r.Scanned, Cuts: r.Cuts}
 			return nil
 		})
 	return res, err
+}
+
+// validCuts checks a read result's cut lines: only a line read that asked
+// for cuts has them, at most one per MaxLineChars bytes of content (a cut
+// line keeps that many characters, a byte at least each) and one more,
+// in order, within the lines the content holds.
+func validCuts(req agentproto.ReadRequest, r agentproto.ReadResult, n int64) bool {
+	if len(r.Cuts) == 0 {
+		return true
+	}
+	if req.StartLine == 0 || req.MaxLineChars <= 0 || int64(len(r.Cuts)) > n/req.MaxLineChars+1 {
+		return false
+	}
+	last := int64(0)
+	for _, c := range r.Cuts {
+		if c.Line <= last || c.Line < r.StartLine || c.Line > r.EndLine || c.Offset < 0 || c.Rest < 0 {
+			return false
+		}
+		last = c.Line
+	}
+	return true
 }
 
 // WriteResult is what a write did.
@@ -452,16 +482,34 @@ type Entry = agentproto.Entry
 // errListFull stops a list whose stream passed its byte cap.
 var errListFull = errors.New("the list passed its byte cap")
 
-// list lists a directory, at most maxEntries entries and
-// policy.ListBytes(maxEntries) bytes of the agent's stream: a list past
+// ListOptions say what a list lists: see workspace.ListOptions.
+type ListOptions struct {
+	Recursive  bool
+	MaxEntries int
+	Pattern    string
+	Prune      []string
+	MaxScan    int
+}
+
+// ListResult is a list's entries, and whether it was cut short.
+type ListResult struct {
+	Entries   []Entry
+	Truncated bool
+	// Scanned is the directory entries the agent looked at; it reaches
+	// MaxScan when that bound ended the list.
+	Scanned int
+}
+
+// list lists a directory, at most o.MaxEntries entries and
+// policy.ListBytes(o.MaxEntries) bytes of the agent's stream: a list past
 // either is cut short and reported truncated.
-func (c *conn) list(ctx context.Context, path string, recursive bool, maxEntries int) ([]Entry, bool, error) {
-	var entries []Entry
-	var truncated bool
+func (c *conn) list(ctx context.Context, path string, o ListOptions) (ListResult, error) {
+	var res ListResult
 	var got int64
+	maxEntries := o.MaxEntries
 	maxBytes := policy.ListBytes(maxEntries)
 	err := c.roundTrip(ctx, opTimeout, agentproto.KindList,
-		agentproto.ListRequest{Path: path, Recursive: recursive, Max: maxEntries}, nil,
+		agentproto.ListRequest{Path: path, Recursive: o.Recursive, Max: maxEntries, Pattern: o.Pattern, Prune: o.Prune, MaxScan: o.MaxScan}, nil,
 		func(p []byte) error {
 			// One JSON line per entry, each in one frame.
 			for len(p) > 0 {
@@ -473,10 +521,10 @@ func (c *conn) list(ctx context.Context, path string, recursive bool, maxEntries
 				if err := json.Unmarshal(line, &e); err != nil {
 					return fmt.Errorf("%w: list entry: %v", errProtocol, err)
 				}
-				if len(entries) >= maxEntries || !validEntry(e) {
+				if len(res.Entries) >= maxEntries || !validEntry(e) {
 					return fmt.Errorf("%w: list entry out of bounds", errProtocol)
 				}
-				entries = append(entries, e)
+				res.Entries = append(res.Entries, e)
 				p = rest
 			}
 			return nil
@@ -486,13 +534,17 @@ func (c *conn) list(ctx context.Context, path string, recursive bool, maxEntries
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
-			truncated = r.Truncated
+			if r.Scanned < 0 || (o.MaxScan > 0 && r.Scanned > o.MaxScan) {
+				return fmt.Errorf("%w: list result out of bounds: %+v", errProtocol, r)
+			}
+			res.Truncated, res.Scanned = r.Truncated, r.Scanned
 			return nil
 		})
 	if errors.Is(err, errListFull) {
-		return entries, true, nil
+		res.Truncated = true
+		return res, nil
 	}
-	return entries, truncated, err
+	return res, err
 }
 
 func validEntry(e Entry) bool {
@@ -502,7 +554,7 @@ func validEntry(e Entry) bool {
 		return false
 	}
 	return e.Path != "" && len(e.Path) <= 2*policy.MaxPathBytes && len(e.Target) <= 2*policy.MaxPathBytes &&
-		utf8.ValidString(e.Path) && utf8.ValidString(e.Target) && e.Size >= 0
+		utf8.ValidString(e.Path) && utf8.ValidString(e.Target) && e.Size >= 0 && e.Count >= 0 && (e.Count == 0 || e.Pruned)
 }
 
 func (c *conn) resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
@@ -603,9 +655,14 @@ func (c *conn) roundTripStreams(ctx context.Context, timeout time.Duration, kind
 func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
 	sendInput func(*pending) error, onData func([]byte) error, onStream func(int, []byte) error,
 	onResult func(agentproto.Frame) error) error {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = max(time.Until(dl).Round(time.Millisecond), 0) // for the message: the caller's deadline comes first
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	p, err := c.open(kind, body)
+	// The agent gets the same deadline: past it the server has given up,
+	// and the agent stops too.
+	p, err := c.open(ctx, kind, body)
 	if err != nil {
 		return unavailable(err)
 	}

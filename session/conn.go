@@ -189,12 +189,24 @@ func (c *conn) err() error {
 // (too large, or a body that does not encode) fails only its request: the
 // stream is intact. Any other write error ends the connection.
 func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
+	return c.write(kind, func(w *agentproto.Writer) error { return w.Write(id, kind, body, payload) })
+}
+
+// sendRequest writes a request's first frame, telling the agent to stop
+// the request once timeout has passed (0: no limit; see
+// agentproto.Header.TimeoutMillis). Errors are as send's.
+func (c *conn) sendRequest(id uint64, kind agentproto.Kind, timeout time.Duration, body any) error {
+	return c.write(kind, func(w *agentproto.Writer) error { return w.WriteRequest(id, kind, timeout, body) })
+}
+
+// write runs one frame's write under the write lock and sorts its error.
+func (c *conn) write(kind agentproto.Kind, write func(*agentproto.Writer) error) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if err := c.err(); err != nil {
 		return err
 	}
-	err := c.w.Write(id, kind, body, payload)
+	err := write(c.w)
 	switch {
 	case err == nil:
 		return nil
@@ -224,14 +236,21 @@ func (c *conn) knowsJob(id uint64) bool {
 	return id != 0 && id <= c.maxJob
 }
 
-// open registers a request and sends its first frame.
-func (c *conn) open(kind agentproto.Kind, body any) (*pending, error) {
+// open registers a request and sends its first frame. The agent stops the
+// request when ctx's deadline passes (the server stops waiting for it
+// then); without a deadline it works until it is done or cancelled.
+func (c *conn) open(ctx context.Context, kind agentproto.Kind, body any) (*pending, error) {
+	var timeout time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		// A deadline already passed still sets one: the agent stops at once.
+		timeout = max(time.Until(dl), time.Millisecond)
+	}
 	c.mu.Lock()
 	c.nextID++
 	p := &pending{id: c.nextID, frames: make(chan agentproto.Frame, 16), done: make(chan struct{})}
 	c.calls[p.id] = p
 	c.mu.Unlock()
-	if err := c.send(p.id, kind, body, nil); err != nil {
+	if err := c.sendRequest(p.id, kind, timeout, body); err != nil {
 		c.close(p)
 		return nil, err
 	}
@@ -288,7 +307,7 @@ func (c *conn) next(ctx context.Context, p *pending) (agentproto.Frame, error) {
 // ends the connection; an agent that does not answer in time is the
 // caller's to judge (the error is ctx's).
 func (c *conn) ping(ctx context.Context) error {
-	p, err := c.open(agentproto.KindPing, nil)
+	p, err := c.open(ctx, agentproto.KindPing, nil)
 	if err != nil {
 		return err
 	}

@@ -104,7 +104,7 @@ func TestConnWithTheRealAgent(t *testing.T) {
 	_, err = c.readFile(ctx, "../outside", 0, 0, 100)
 	wantCode(t, err, errcode.OutsideWorkspace)
 
-	entries, truncated, err := c.list(ctx, ".", false, 10)
+	entries, truncated, err := listed(c.list(ctx, ".", ListOptions{Recursive: false, MaxEntries: 10}))
 	if err != nil || truncated || len(entries) != 1 || entries[0].Path != "a.txt" || entries[0].Size != 6 {
 		t.Fatalf("list: %+v %v %v", entries, truncated, err)
 	}
@@ -129,12 +129,12 @@ func TestConnWithTheRealAgent(t *testing.T) {
 	if err != nil || rest.Files != 1 {
 		t.Fatalf("restore: %+v %v", rest, err)
 	}
-	if entries, _, err := c.list(ctx, ".", false, 10); err != nil || len(entries) != 1 || entries[0].Path != "a.txt" {
+	if entries, _, err := listed(c.list(ctx, ".", ListOptions{Recursive: false, MaxEntries: 10})); err != nil || len(entries) != 1 || entries[0].Path != "a.txt" {
 		t.Fatalf("after the restore: %+v %v", entries, err)
 	}
 
 	// A request kind the agent does not know fails that request only.
-	p, err := c.open("shell", nil)
+	p, err := c.open(ctx, "shell", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,13 +230,13 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 			a.send(req.ID, agentproto.KindData, nil, make([]byte, 101))
 		}, "snapshot stream exceeds 100 bytes"},
 		{"a list with more entries than asked for", func(c *conn) error {
-			_, _, err := c.list(ctxFor(t), ".", false, 1)
+			_, _, err := listed(c.list(ctxFor(t), ".", ListOptions{Recursive: false, MaxEntries: 1}))
 			return err
 		}, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, []byte(`{"path":"a","type":"file"}`+"\n"+`{"path":"b","type":"file"}`+"\n"))
 		}, "list entry out of bounds"},
 		{"a list entry of an unknown type", func(c *conn) error {
-			_, _, err := c.list(ctxFor(t), ".", false, 5)
+			_, _, err := listed(c.list(ctxFor(t), ".", ListOptions{Recursive: false, MaxEntries: 5}))
 			return err
 		}, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, []byte(`{"path":"a","type":"door"}`+"\n"))
@@ -448,7 +448,7 @@ func TestConnDesignedFailuresKeepTheConnection(t *testing.T) {
 	}
 	alive("an error")
 
-	entries, truncated, err := c.list(ctx, ".", false, 1)
+	entries, truncated, err := listed(c.list(ctx, ".", ListOptions{Recursive: false, MaxEntries: 1}))
 	if err != nil || !truncated || len(entries) != 0 {
 		t.Fatalf("a list past its byte cap: %v truncated=%v %v", entries, truncated, err)
 	}

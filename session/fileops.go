@@ -24,30 +24,42 @@ type DeleteResult = agentproto.DeleteResult
 // MoveResult is what a move did.
 type MoveResult = agentproto.MoveResult
 
-// ReadLines reads lines start to end (1-based, inclusive; end 0: to the
-// last) of a file, at most maxBytes of them.
-func (s *Sandbox) ReadLines(ctx context.Context, path string, start, end, maxBytes int64) (ReadResult, error) {
+// ReadRequest is a read of part of a file: a byte range, or lines (see
+// agentproto.ReadRequest for its fields and workspace.Workspace.ReadLines
+// for what a line read does).
+type ReadRequest = agentproto.ReadRequest
+
+// Read reads what req asks for: ReadFile for any read, lines included.
+func (s *Sandbox) Read(ctx context.Context, req ReadRequest) (ReadResult, error) {
 	ctx, done := s.begin(ctx)
 	defer done()
 	inst, err := s.ready(ctx)
 	if err != nil {
 		return ReadResult{}, err
 	}
-	res, err := inst.conn.read(ctx, agentproto.ReadRequest{Path: path, Max: maxBytes, StartLine: start, EndLine: end})
+	res, err := inst.conn.read(ctx, req)
 	return res, s.failed(inst, err)
 }
 
-// EditFile replaces oldText with newText in a file (every occurrence with
-// replaceAll); neither the file before nor after may pass maxFile bytes.
-// See workspace.Workspace.EditFile for the rules.
-func (s *Sandbox) EditFile(ctx context.Context, path, oldText, newText string, replaceAll bool, maxFile int64) (EditResult, error) {
+// Edit is one replacement of an edit: OldText by NewText, once, or every
+// occurrence with ReplaceAll.
+type Edit struct {
+	OldText, NewText string
+	ReplaceAll       bool
+}
+
+// EditFile makes edits in a file, in order, each on the text the ones
+// before it left, all or nothing; neither the file before nor after any of
+// them may pass maxFile bytes. See workspace.Workspace.EditFile for the
+// rules.
+func (s *Sandbox) EditFile(ctx context.Context, path string, edits []Edit, maxFile int64) (EditResult, error) {
 	ctx, done := s.begin(ctx)
 	defer done()
 	inst, err := s.ready(ctx)
 	if err != nil {
 		return EditResult{}, err
 	}
-	res, err := inst.conn.editFile(ctx, path, oldText, newText, replaceAll, maxFile)
+	res, err := inst.conn.editFile(ctx, path, edits, maxFile)
 	return res, s.failed(inst, err)
 }
 
@@ -77,13 +89,23 @@ func (s *Sandbox) Move(ctx context.Context, from, to string, overwrite bool) (Mo
 	return res, s.failed(inst, err)
 }
 
-func (c *conn) editFile(ctx context.Context, path, oldText, newText string, replaceAll bool, maxFile int64) (EditResult, error) {
+func (c *conn) editFile(ctx context.Context, path string, edits []Edit, maxFile int64) (EditResult, error) {
 	var res EditResult
-	size := int64(len(oldText) + len(newText))
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindEdit,
-		agentproto.EditRequest{Path: path, OldSize: int64(len(oldText)), NewSize: int64(len(newText)), ReplaceAll: replaceAll, MaxFile: maxFile},
+	req := agentproto.EditRequest{Path: path, MaxFile: maxFile}
+	var size int64
+	texts := make([]io.Reader, 0, 2*len(edits))
+	for _, e := range edits {
+		req.Edits = append(req.Edits, agentproto.EditSpec{OldSize: int64(len(e.OldText)), NewSize: int64(len(e.NewText)), ReplaceAll: e.ReplaceAll})
+		texts = append(texts, strings.NewReader(e.OldText), strings.NewReader(e.NewText))
+		size += int64(len(e.OldText) + len(e.NewText))
+	}
+	if len(edits) == 1 {
+		// One edit goes in the form every version of the agent reads.
+		req.OldSize, req.NewSize, req.ReplaceAll, req.Edits = req.Edits[0].OldSize, req.Edits[0].NewSize, req.Edits[0].ReplaceAll, nil
+	}
+	err := c.roundTrip(ctx, opTimeout, agentproto.KindEdit, req,
 		func(p *pending) error {
-			return c.sendFrom(p, io.MultiReader(strings.NewReader(oldText), strings.NewReader(newText)), size)
+			return c.sendFrom(p, io.MultiReader(texts...), size)
 		},
 		nil,
 		func(f agentproto.Frame) error {

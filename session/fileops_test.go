@@ -21,11 +21,11 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	res, err := c.editFile(ctx, "a.txt", "two", "2", false, 1<<20)
+	res, err := c.editFile(ctx, "a.txt", []Edit{{OldText: "two", NewText: "2", ReplaceAll: false}}, 1<<20)
 	if e, ok := errcode.As(err); !ok || e.Code != errcode.InvalidArgument {
 		t.Fatalf("ambiguous edit: %v", err)
 	}
-	res, err = c.editFile(ctx, "a.txt", "two", "2", true, 1<<20)
+	res, err = c.editFile(ctx, "a.txt", []Edit{{OldText: "two", NewText: "2", ReplaceAll: true}}, 1<<20)
 	if err != nil || res.Replacements != 2 || res.Size != 14 {
 		t.Fatalf("edit: %+v %v", res, err)
 	}
@@ -62,7 +62,7 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 		t.Fatalf("sub still exists: %v", err)
 	}
 	// The connection is still good.
-	if _, err := c.editFile(ctx, "new.txt", "", "created", false, 1<<20); err != nil {
+	if _, err := c.editFile(ctx, "new.txt", []Edit{{OldText: "", NewText: "created", ReplaceAll: false}}, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -71,7 +71,7 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 // or a line read with a result out of bounds ends the connection.
 func TestHostileAgentFileOps(t *testing.T) {
 	edit := func(c *conn) error {
-		_, err := c.editFile(ctxFor(t), "f", "a", "b", false, 100)
+		_, err := c.editFile(ctxFor(t), "f", []Edit{{OldText: "a", NewText: "b", ReplaceAll: false}}, 100)
 		return err
 	}
 	del := func(c *conn) error {

@@ -104,7 +104,7 @@ func TestListStopsAtItsByteCap(t *testing.T) {
 	// bytes, above the cap's 512 a line on average.
 	dir := strings.Repeat("d", 250)
 	sh(t, sb, `mkdir `+dir+` && cd `+dir+` && i=0; while [ $i -lt 60 ]; do : > "$i-`+strings.Repeat("f", 240)+`"; i=$((i+1)); done`)
-	entries, truncated, err := sb.List(ctx, dir, false, 60)
+	entries, truncated, err := listed(sb.List(ctx, dir, ListOptions{Recursive: false, MaxEntries: 60}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestListStopsAtItsByteCap(t *testing.T) {
 	}
 	// Short names fit: the same count is listed whole.
 	sh(t, sb, `mkdir short && cd short && i=0; while [ $i -lt 60 ]; do : > $i; i=$((i+1)); done`)
-	entries, truncated, err = sb.List(ctx, "short", false, 60)
+	entries, truncated, err = listed(sb.List(ctx, "short", ListOptions{Recursive: false, MaxEntries: 60}))
 	if err != nil || truncated || len(entries) != 60 {
 		t.Fatalf("list of 60 short entries: %d, truncated %v, %v", len(entries), truncated, err)
 	}

@@ -67,3 +67,6 @@ func execStarted(t *testing.T, ctx context.Context, sb *Sandbox, req ExecRequest
 
 // WarmReady returns the number of warm containers ready to be taken.
 func (m *Manager) WarmReady() int { return m.pool.size() }
+
+// listed unpacks a list's result into its entries and whether it was cut.
+func listed(res ListResult, err error) ([]Entry, bool, error) { return res.Entries, res.Truncated, err }

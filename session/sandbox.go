@@ -290,15 +290,15 @@ func (s *Sandbox) WriteFileFrom(ctx context.Context, path string, r io.Reader, s
 }
 
 // List lists a directory (or one file).
-func (s *Sandbox) List(ctx context.Context, path string, recursive bool, maxEntries int) ([]Entry, bool, error) {
+func (s *Sandbox) List(ctx context.Context, path string, o ListOptions) (ListResult, error) {
 	ctx, end := s.begin(ctx)
 	defer end()
 	inst, err := s.ready(ctx)
 	if err != nil {
-		return nil, false, err
+		return ListResult{}, err
 	}
-	entries, truncated, err := inst.conn.list(ctx, path, recursive, maxEntries)
-	return entries, truncated, s.failed(inst, err)
+	res, err := inst.conn.list(ctx, path, o)
+	return res, s.failed(inst, err)
 }
 
 // snaps is the sandbox owner's view of the snapshot store.

@@ -291,7 +291,7 @@ func TestImpersonationChangesNoResult(t *testing.T) {
 			t.Fatalf("write %d: %+v %v", i, w, err)
 		}
 		want[name] = content
-		entries, _, err := sb.List(ctx, ".", true, 1000)
+		entries, _, err := listed(sb.List(ctx, ".", ListOptions{Recursive: true, MaxEntries: 1000}))
 		if err != nil {
 			t.Fatalf("list %d: %v", i, err)
 		}

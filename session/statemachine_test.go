@@ -226,11 +226,11 @@ func TestLostInstanceWithoutSnapshotStartsEmpty(t *testing.T) {
 		write(t, sb, "f", "gone")
 		b.starts()[0].die()
 		synctest.Wait()
-		_, _, err := sb.List(context.Background(), ".", false, 10)
+		_, _, err := listed(sb.List(context.Background(), ".", ListOptions{Recursive: false, MaxEntries: 10}))
 		if e := wantCode(t, err, errcode.Unavailable); !strings.Contains(e.Message, "fresh, empty sandbox") {
 			t.Errorf("report: %s", e.Message)
 		}
-		entries, _, err := sb.List(context.Background(), ".", false, 10)
+		entries, _, err := listed(sb.List(context.Background(), ".", ListOptions{Recursive: false, MaxEntries: 10}))
 		if err != nil || len(entries) != 0 {
 			t.Fatalf("the fresh workspace holds %v (%v), want nothing", entries, err)
 		}

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -50,21 +51,24 @@ func TestFileTools(t *testing.T) {
 	r.fails(NameEditFile, map[string]any{"path": "../x", "old_string": "a", "new_string": "b"}, errcode.OutsideWorkspace)
 	r.fails(NameEditFile, map[string]any{"path": "src/a.py", "old_string": "yield", "new_string": "yield"}, errcode.InvalidArgument)
 
-	// Read by lines.
-	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "start_line": 2, "end_line": 3})
-	if out["content"] != "\tif x:\n\t\tyield 10\n" || out["start_line"] != float64(2) || out["end_line"] != float64(3) ||
-		out["total_lines"] != float64(4) || out["next_offset"] != float64(27) || !strings.Contains(out["hint"].(string), "start_line=4") {
+	// Read by lines: offset is the first line, limit how many.
+	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "offset": 2, "limit": 2})
+	if out["content"] != "\tif x:\n\t\tyield 10\n" || out["total_lines"] != float64(4) || out["next_offset"] != float64(4) || out["truncated"] != false {
 		t.Fatalf("line read: %v", out)
 	}
-	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "start_line": 4})
-	if out["content"] != "\tyield 2\n" || out["next_offset"] != nil || out["hint"] != nil {
+	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "offset": 4})
+	if out["content"] != "\tyield 2\n" || out["next_offset"] != nil || out["hint"] != nil || out["truncated"] != false {
 		t.Fatalf("line read to the end: %v", out)
 	}
-	r.fails(NameReadFile, map[string]any{"path": "src/a.py", "start_line": 9}, errcode.InvalidArgument)
-	r.fails(NameReadFile, map[string]any{"path": "src/a.py", "start_line": 2, "offset": 3}, errcode.InvalidArgument)
-	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "length": 4})
-	if out["content"] != "def " || out["next_offset"] != float64(4) || !strings.Contains(out["hint"].(string), "offset=4") {
+	r.fails(NameReadFile, map[string]any{"path": "src/a.py", "offset": 9}, errcode.InvalidArgument)
+	r.fails(NameReadFile, map[string]any{"path": "src/a.py", "offset": 2, "byte_offset": 3}, errcode.InvalidArgument)
+	out = r.ok(NameReadFile, map[string]any{"path": "src/a.py", "byte_length": 4})
+	if out["content"] != "def " || out["next_byte_offset"] != float64(4) {
 		t.Fatalf("byte read with more to follow: %v", out)
+	}
+	// The names lines had before are refused with the ones to use.
+	if msg := r.fails(NameReadFile, map[string]any{"path": "src/a.py", "start_line": 2}, errcode.InvalidArgument); !strings.Contains(msg, "takes no start_line: offset is the first line") {
+		t.Errorf("start_line: %s", msg)
 	}
 
 	// Move and delete.
@@ -104,31 +108,38 @@ func TestFileTools(t *testing.T) {
 	}
 }
 
-// A long text read carries its content once, in the structured result; a
-// short one is in the text too.
-func TestLongTextTravelsOnce(t *testing.T) {
+// A read without a range returns a window: as many whole lines as fit the
+// output cap, up to 2000; its text carries the content as the structured
+// result does (each kind of client shows the model one of them), for
+// clients of every protocol version; a limit reads the whole file.
+func TestReadReturnsAWindow(t *testing.T) {
 	r := newRig(t, nil)
-	long := strings.Repeat("0123456789abcdef\n", 4096) // 68 KiB
+	long := strings.Repeat("0123456789abcdef\n", 4096) // 68 KiB, 4096 lines
 	r.ok(NameWriteFile, map[string]any{"path": "long.txt", "content": long})
-	res := r.call(NameReadFile, map[string]any{"path": "long.txt"})
-	sc := res.StructuredContent.(map[string]any)
-	if sc["content"] != long {
-		t.Fatalf("the structured content lacks the text")
+	fit := int(r.d.Policy.MaxOutputBytes) / 17 // whole lines in the output cap
+	check := func(res *mcp.CallToolResult) {
+		t.Helper()
+		sc := res.StructuredContent.(map[string]any)
+		if sc["content"] != long[:fit*17] || sc["next_offset"] != float64(fit+1) || sc["truncated"] != true || sc["total_lines"] != float64(4096) {
+			t.Fatalf("window: %d bytes, next_offset %v, truncated %v", len(sc["content"].(string)), sc["next_offset"], sc["truncated"])
+		}
+		if txt := text(res); !strings.HasSuffix(txt, "\n"+long[:fit*17]) || !strings.Contains(txt, fmt.Sprintf("read on with offset=%d", fit+1)) {
+			t.Fatalf("the text lacks the content or where to read on: %.300q", txt)
+		}
 	}
-	if txt := text(res); strings.Contains(txt, long[:100]) || !strings.Contains(txt, "in the result's content field") {
-		t.Fatalf("the long text travels twice, or the text does not say where it is: %.200q", txt)
-	}
-
-	// A client from before structured content reads only the text: it gets
-	// the content there.
+	check(r.call(NameReadFile, map[string]any{"path": "long.txt"}))
 	ctx := context.Background()
 	old := connect(t, r.d, &mcp.ClientSessionOptions{ProtocolVersion: "2025-03-26"})
 	if _, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameWriteFile, Arguments: map[string]any{"path": "long.txt", "content": long}}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameReadFile, Arguments: map[string]any{"path": "long.txt"}})
-	if err != nil || res.IsError || !strings.HasSuffix(text(res), "\n"+long) {
+	if err != nil || res.IsError {
 		t.Fatalf("an old client's read: %v %.200q", err, text(res))
+	}
+	check(res)
+	if out := r.ok(NameReadFile, map[string]any{"path": "long.txt", "limit": 5000}); out["content"] != long || out["truncated"] != false || out["next_offset"] != nil {
+		t.Fatalf("a read with a limit: %d bytes, %v", len(out["content"].(string)), out["truncated"])
 	}
 	r.idle()
 }

@@ -121,14 +121,16 @@ func (s *fakeSandbox) Jobs(ctx context.Context) ([]session.JobInfo, error) {
 	return nil, nil
 }
 
-func (s *fakeSandbox) ReadLines(ctx context.Context, path string, start, end, maxBytes int64) (session.ReadResult, error) {
-	s.f.record("ReadLines %s %d %d", path, start, end)
+func (s *fakeSandbox) Read(ctx context.Context, req session.ReadRequest) (session.ReadResult, error) {
+	s.f.record("Read %s %d %d", req.Path, req.StartLine, req.EndLine)
 	return s.read, nil
 }
 
-func (s *fakeSandbox) EditFile(ctx context.Context, path, oldText, newText string, replaceAll bool, maxFile int64) (session.EditResult, error) {
-	s.f.record("EditFile %s %q %q %v", path, oldText, newText, replaceAll)
-	return session.EditResult{Replacements: 1, Size: 10}, nil
+func (s *fakeSandbox) EditFile(ctx context.Context, path string, edits []session.Edit, maxFile int64) (session.EditResult, error) {
+	for _, e := range edits {
+		s.f.record("EditFile %s %q %q %v", path, e.OldText, e.NewText, e.ReplaceAll)
+	}
+	return session.EditResult{Replacements: len(edits), Size: 10}, nil
 }
 
 func (s *fakeSandbox) Delete(ctx context.Context, path string, recursive bool) (session.DeleteResult, error) {
@@ -141,9 +143,9 @@ func (s *fakeSandbox) Move(ctx context.Context, from, to string, overwrite bool)
 	return session.MoveResult{To: to, Type: "file"}, nil
 }
 
-func (s *fakeSandbox) List(ctx context.Context, path string, recursive bool, maxEntries int) ([]session.Entry, bool, error) {
-	s.f.record("List %s recursive=%v max=%d", path, recursive, maxEntries)
-	return s.entries, false, nil
+func (s *fakeSandbox) List(ctx context.Context, path string, o session.ListOptions) (session.ListResult, error) {
+	s.f.record("List %s recursive=%v max=%d", path, o.Recursive, o.MaxEntries)
+	return session.ListResult{Entries: s.entries}, nil
 }
 
 func (s *fakeSandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, error) {
@@ -383,20 +385,24 @@ func TestCommandRunsThroughTheShell(t *testing.T) {
 // relative to the workspace, and render text and structured results.
 func TestFileRendering(t *testing.T) {
 	r := newFakeRig(t, func(p *policy.Policy) { p.MaxFileBytes = 5 })
-	r.sb.read = session.ReadResult{Data: []byte("hello"), Size: 10, Truncated: true}
+	// A window read whose first line goes on past the cap.
+	r.sb.read = session.ReadResult{Data: []byte("hello"), Size: 10, Truncated: true, End: 5, StartLine: 1, EndLine: 1, TotalLines: 2, Scanned: 10}
 	res := r.call(NameReadFile, map[string]any{"path": "/workspace/a.txt"})
-	wantText := "a.txt: 5 of 10 bytes from offset 0; cut at this server's cap of 5 bytes; read on with offset=5 (the file has 10 bytes)\nhello"
+	wantText := "a.txt: lines 1-1 of 2 (5 bytes of 10); line 1 goes on past the 5 bytes this read returns: read the rest of it with byte_offset=5, or skip to offset=2\nhello"
 	if got := text(res); res.IsError || got != wantText {
 		t.Errorf("read: text %q, want %q", got, wantText)
 	}
-	if out := structured(t, res); out["path"] != "a.txt" || out["content"] != "hello" || out["encoding"] != "utf-8" || out["truncated"] != true || out["size"] != 10.0 {
+	if out := structured(t, res); out["path"] != "a.txt" || out["content"] != "hello" || out["encoding"] != "utf-8" || out["truncated"] != true ||
+		out["size"] != 10.0 || out["next_offset"] != 2.0 || out["next_byte_offset"] != 5.0 || out["total_lines"] != 2.0 {
 		t.Errorf("read: structured %v", out)
 	}
 
-	r.sb.read = session.ReadResult{Data: []byte{0xff, 0}, Size: 2}
+	// Bytes that are not text: the window is read again as bytes, and
+	// both the text and the structured result carry the base64.
+	r.sb.read = session.ReadResult{Data: []byte{0xff, 0}, Size: 2, End: 2, StartLine: 1, EndLine: 1, TotalLines: 1, Scanned: 2}
 	res = r.call(NameReadFile, map[string]any{"path": "bin"})
-	if got := text(res); !strings.Contains(got, "base64 (not valid UTF-8)") || strings.Contains(got, "/wA=") {
-		t.Errorf("read binary: text %q (base64 belongs in the structured result only)", got)
+	if got := text(res); !strings.Contains(got, "not text: base64 below") || !strings.HasSuffix(got, "\n/wA=") {
+		t.Errorf("read binary: text %q", got)
 	}
 	if out := structured(t, res); out["content"] != "/wA=" || out["encoding"] != "base64" {
 		t.Errorf("read binary: structured %v", out)
@@ -419,20 +425,29 @@ func TestFileRendering(t *testing.T) {
 		{Path: "d/l", Type: "symlink", Mode: 0o777, MTime: mtime, Target: "../x"},
 	}
 	res = r.call(NameList, map[string]any{"recursive": true})
-	if got := text(res); res.IsError || got != "0755 dir 0 d/\n0777 symlink 0 d/l -> ../x\n" {
+	if got := text(res); res.IsError || got != "d/\nd/l -> ../x\n" {
 		t.Errorf("list: text %q", got)
 	}
 	out := structured(t, res)
 	entries, _ := out["entries"].([]any)
-	if out["path"] != "." || len(entries) != 2 || entries[1].(map[string]any)["target"] != "../x" || entries[0].(map[string]any)["mtime"] != "2026-01-02T03:04:05Z" {
+	if out["path"] != "." || len(entries) != 2 || entries[1].(map[string]any)["target"] != "../x" || entries[0].(map[string]any)["mtime"] != nil {
 		t.Errorf("list: structured %v", out)
+	}
+	// Mode and mtime come with details.
+	res = r.call(NameList, map[string]any{"recursive": true, "details": true})
+	if got := text(res); res.IsError || got != "0755 2026-01-02T03:04:05Z d/\n0777 2026-01-02T03:04:05Z d/l -> ../x\n" {
+		t.Errorf("list with details: text %q", got)
+	}
+	if e := structured(t, res)["entries"].([]any)[0].(map[string]any); e["mtime"] != "2026-01-02T03:04:05Z" || e["mode"] != "0755" {
+		t.Errorf("list with details: structured %v", e)
 	}
 
 	want := []string{
-		"Sandbox", "ReadFile a.txt 0 0",
-		"Sandbox", "ReadFile bin 0 0",
+		"Sandbox", "Read a.txt 1 2000",
+		"Sandbox", "Read bin 1 2000", "Read bin 0 0",
 		"Sandbox", "WriteFileFrom d/f size=2 append=false mode=0755",
-		"Sandbox", "List . recursive=true max=1000",
+		"Sandbox", "List . recursive=true max=200",
+		"Sandbox", "List . recursive=true max=200",
 	}
 	if calls := r.f.made(); !slices.Equal(calls, want) {
 		t.Errorf("calls\n%q\nwant\n%q", calls, want)
@@ -466,7 +481,7 @@ func TestFileOpsAskWithWorkspacePaths(t *testing.T) {
 		{NameEditFile, map[string]any{"path": "/workspace/e.txt", "old_string": "a", "new_string": "b"}, "replaced 1 occurrence(s) in e.txt (now 10 bytes)"},
 		{NameDelete, map[string]any{"path": "/workspace/d/x"}, "deleted d/x (a file)"},
 		{NameMove, map[string]any{"from": "/workspace/a", "to": "/workspace/b/a"}, "moved a (a file) to b/a"},
-		{NameReadFile, map[string]any{"path": "/workspace/l.txt", "start_line": 2, "end_line": 2}, "two"},
+		{NameReadFile, map[string]any{"path": "/workspace/l.txt", "offset": 2, "limit": 1}, "two"},
 	} {
 		res := r.call(c.tool, c.args)
 		if got := text(res); res.IsError || !strings.Contains(got, c.want) {
@@ -477,7 +492,7 @@ func TestFileOpsAskWithWorkspacePaths(t *testing.T) {
 		"Sandbox", `EditFile e.txt "a" "b" false`,
 		"Sandbox", "Delete d/x false",
 		"Sandbox", "Move a b/a false",
-		"Sandbox", "ReadLines l.txt 2 2",
+		"Sandbox", "Read l.txt 2 2",
 	}
 	if calls := r.f.made(); !slices.Equal(calls, want) {
 		t.Errorf("calls\n%q\nwant\n%q", calls, want)

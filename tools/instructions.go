@@ -46,6 +46,7 @@ func Instructions(v PolicyView, defaultImage string) string {
 			fmt.Fprintf(&b, "A call returns within %s: a command still running then goes on as its job (running: true); follow it with sandbox_job wait_ms. ", shortDuration(p.MaxCallWait))
 		}
 		b.WriteString("For servers, watchers and long builds, start it with background: true and follow it with sandbox_job (read output, send input or a signal; without job it lists your jobs). ")
+		b.WriteString("Search with `rg`; apply a unified diff with `patch -p1` or `git apply`. ")
 	}
 
 	paragraph(&b)

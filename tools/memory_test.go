@@ -218,10 +218,17 @@ func TestResultsMatchTheirSchemas(t *testing.T) {
 		t.Fatalf("text read: %v", out)
 	}
 	res := r.call(NameReadFile, map[string]any{"path": "t.txt"})
-	if got := text(res); got != "t.txt: 15 of 15 bytes from offset 0\nhéllo <world>\n" {
+	if got := text(res); got != "t.txt: lines 1-1 of 1 (15 bytes of 15)\nhéllo <world>\n" {
 		t.Fatalf("text read's text content: %q", got)
 	}
+	// Without a range, a window of the bytes; with one, up to the file cap.
 	out = r.ok(NameReadFile, map[string]any{"path": "b.bin"})
+	window := r.d.Policy.MaxOutputBytes / 4 * 3
+	if got, _ := base64.StdEncoding.DecodeString(out["content"].(string)); string(got) != string(bin[:window]) || out["encoding"] != "base64" ||
+		out["next_byte_offset"] != float64(window) || out["truncated"] != true {
+		t.Fatalf("binary read: %d bytes back, %v %v", len(got), out["encoding"], out["next_byte_offset"])
+	}
+	out = r.ok(NameReadFile, map[string]any{"path": "b.bin", "byte_length": len(bin)})
 	if got, _ := base64.StdEncoding.DecodeString(out["content"].(string)); string(got) != string(bin) || out["encoding"] != "base64" {
 		t.Fatalf("binary read: %d bytes back, encoding %v", len(got), out["encoding"])
 	}
@@ -259,16 +266,16 @@ func TestReadWaitsForMemoryThenIsBusy(t *testing.T) {
 	small := policy.ReadReserve(4096)
 	held := r.hold(budgetKey(r.ss), share-small)
 
-	out := r.ok(NameReadFile, map[string]any{"path": "f", "length": 4096})
+	out := r.ok(NameReadFile, map[string]any{"path": "f", "byte_length": 4096})
 	if len(out["content"].(string)) != 4096 {
 		t.Fatalf("a small read returned %d bytes", len(out["content"].(string)))
 	}
 	start := time.Now()
-	msg := r.fails(NameReadFile, map[string]any{"path": "f"}, errcode.Busy)
+	msg := r.fails(NameReadFile, map[string]any{"path": "f", "byte_length": r.d.Policy.MaxFileBytes}, errcode.Busy)
 	if time.Since(start) < reserveWait {
 		t.Errorf("refused after %s, before its wait of %s", time.Since(start), reserveWait)
 	}
-	for _, want := range []string{"this session's calls in flight", "--max-session-inflight-bytes", "retry when other calls have finished", "offset and length"} {
+	for _, want := range []string{"this session's calls in flight", "--max-session-inflight-bytes", "retry when other calls have finished", "limit (lines) or byte_length"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("BUSY message %q does not say %q", msg, want)
 		}
@@ -277,7 +284,7 @@ func TestReadWaitsForMemoryThenIsBusy(t *testing.T) {
 	// A read that waits gets the memory once the other call is done.
 	got := make(chan *mcp.CallToolResult, 1)
 	go func() {
-		res, err := r.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: NameReadFile, Arguments: map[string]any{"path": "f"}})
+		res, err := r.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: NameReadFile, Arguments: map[string]any{"path": "f", "byte_length": r.d.Policy.MaxFileBytes}})
 		if err != nil {
 			res = &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
 		}
@@ -292,7 +299,7 @@ func TestReadWaitsForMemoryThenIsBusy(t *testing.T) {
 
 	// The server's total bounds every session together.
 	held = r.hold("", r.d.Policy.MaxInflightBytes-small)
-	msg = r.fails(NameReadFile, map[string]any{"path": "f"}, errcode.Busy)
+	msg = r.fails(NameReadFile, map[string]any{"path": "f", "byte_length": r.d.Policy.MaxFileBytes}, errcode.Busy)
 	if !strings.Contains(msg, "the server's calls in flight") || !strings.Contains(msg, "--max-inflight-bytes") {
 		t.Errorf("BUSY message %q does not name the server's limit", msg)
 	}
@@ -303,16 +310,16 @@ func TestReadWaitsForMemoryThenIsBusy(t *testing.T) {
 // too large, with what to do, and holds nothing afterwards.
 func TestEscapedTextPastTheShareIsTooLarge(t *testing.T) {
 	r := newRig(t, func(p *policy.Policy) { p.MaxSessionInflightBytes = 128 << 20 })
-	// 5 MiB of "<", each six bytes of JSON, once in the result (the text
-	// content only says where it is): 30 MiB of JSON, more than the
-	// session's share once encoded.
+	// 5 MiB of "<" in one line, each six bytes of JSON, in the text and in
+	// the structured result: 60 MiB of JSON, more than the session's share
+	// once encoded.
 	r.ok(NameExec, map[string]any{"argv": []string{"sh", "-c", "head -c 5242880 /dev/zero | tr '\\0' '<' > lt"}})
-	msg := r.fails(NameReadFile, map[string]any{"path": "lt"}, errcode.TooLarge)
-	if !strings.Contains(msg, "read it in smaller parts with offset and length") || strings.Contains(msg, "retry") {
+	msg := r.fails(NameReadFile, map[string]any{"path": "lt", "limit": 1}, errcode.TooLarge)
+	if !strings.Contains(msg, "read it in smaller parts with offset and limit, or byte_offset and byte_length") || strings.Contains(msg, "retry") {
 		t.Fatalf("TOO_LARGE message %q", msg)
 	}
 	// A part of it fits.
-	out := r.ok(NameReadFile, map[string]any{"path": "lt", "offset": 100, "length": 64 << 10})
+	out := r.ok(NameReadFile, map[string]any{"path": "lt", "byte_offset": 100, "byte_length": 64 << 10})
 	if out["content"] != strings.Repeat("<", 64<<10) {
 		t.Fatal("a part of the escaped text came back wrong")
 	}

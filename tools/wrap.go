@@ -251,7 +251,11 @@ func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		if tc, ok := r.Content[0].(*mcp.TextContent); ok {
-			tc.Text = string(errcode.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
+			if renamed := renamedArgument(req); renamed != "" {
+				tc.Text = renamed
+			} else {
+				tc.Text = string(errcode.InvalidArgument) + ": " + tc.Text + "; check the arguments against the tool's input schema"
+			}
 		}
 		return res, err
 	}

@@ -2,6 +2,8 @@ package workspace
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -16,14 +18,17 @@ import (
 // maxMatchLines is how many line numbers an ambiguous edit's message names.
 const maxMatchLines = 20
 
-// EditFile replaces old text with new text in the regular file rel. src
-// holds oldSize bytes of the text to find followed by newSize bytes of its
-// replacement (read exactly, like WriteFile reads its content). The match
-// is exact, bytes for bytes: old must occur once, or any number of times
-// with replaceAll (each occurrence is replaced). An old text that does not
+// EditFile makes the replacements edits describes in the regular file rel,
+// in order, each in the text the ones before it left, all or nothing: the
+// file changes only if every one applies. src holds each edit's old text
+// followed by its new text, OldSize and NewSize bytes, edit after edit
+// (read exactly, like WriteFile reads its content). The match is exact,
+// bytes for bytes: an old text must occur once, or any number of times
+// with ReplaceAll (each occurrence is replaced). An old text that does not
 // occur is NOT_FOUND, with a hint at the nearest place that differs only in
 // whitespace when there is one; one that occurs more than once without
-// replaceAll is INVALID_ARGUMENT naming the count and the lines.
+// ReplaceAll is INVALID_ARGUMENT naming the count and the lines. With more
+// than one edit, the message names the edit that failed ("edit 2 of 3").
 //
 // An empty old text creates the file with the new text when rel does not
 // exist (missing parent directories are created as WriteFile creates them),
@@ -37,32 +42,49 @@ const maxMatchLines = 20
 // be a regular file, not a symlink (the edit would replace the link, so it
 // is refused: edit the target). A file that is replaced or grows while it
 // is edited makes the edit fail with nothing changed, rather than lose the
-// other change. The file before and after is at most maxFile bytes
-// (TOO_LARGE otherwise; 0 means no limit).
-func (w *Workspace) EditFile(rel string, src io.Reader, oldSize, newSize int64, replaceAll bool, maxFile int64) (agentproto.EditResult, error) {
+// other change. The file before and after each edit is at most maxFile
+// bytes (TOO_LARGE otherwise; 0 means no limit), and so is what is read of
+// it: a file that grows past maxFile while it is read is not read further.
+// The search for a near miss compares a bounded number of bytes (a few
+// times the file's and the old text's size), and ctx bounds the time: when
+// it ends the edit stops, changing nothing, and fails with TIMEOUT.
+func (w *Workspace) EditFile(ctx context.Context, rel string, src io.Reader, edits []agentproto.EditSpec, maxFile int64) (agentproto.EditResult, error) {
 	const op = "edit"
 	var res agentproto.EditResult
 	p, err := parsePath(op, rel)
 	if err != nil {
 		return res, err
 	}
+	var texts int64
 	switch {
 	case len(p.comps) == 0 || p.dirOnly:
 		return res, errcode.Errorf(errcode.InvalidArgument,
 			`edit %s: that names a directory; give the path of a file, without a trailing "/"`, quote(rel))
-	case oldSize < 0 || newSize < 0 || maxFile < 0:
-		return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative sizes (%d, %d, %d)", quote(rel), oldSize, newSize, maxFile)
-	case maxFile > 0 && (oldSize > maxFile || newSize > maxFile):
-		return res, errcode.Errorf(errcode.TooLarge,
-			"edit %s: old_string and new_string may each be at most %d bytes (this server's file cap); edit in smaller steps", quote(rel), maxFile)
+	case len(edits) == 0 || len(edits) > agentproto.MaxEdits:
+		return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: give 1 to %d edits, not %d", quote(rel), agentproto.MaxEdits, len(edits))
+	case maxFile < 0:
+		return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative cap %d", quote(rel), maxFile)
 	}
-	// Both strings arrive first, whatever happens next: the caller is
+	for _, e := range edits {
+		switch {
+		case e.OldSize < 0 || e.NewSize < 0:
+			return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative sizes (%d, %d)", quote(rel), e.OldSize, e.NewSize)
+		case maxFile > 0 && (e.OldSize > maxFile || e.NewSize > maxFile):
+			return res, errcode.Errorf(errcode.TooLarge,
+				"edit %s: old_string and new_string may each be at most %d bytes (this server's file cap); edit in smaller steps", quote(rel), maxFile)
+		}
+		texts += e.OldSize + e.NewSize
+	}
+	if maxFile > 0 && texts > 2*maxFile {
+		return res, errcode.Errorf(errcode.TooLarge,
+			"edit %s: the edits' strings take %d bytes together, more than twice this server's file cap of %d; edit in smaller steps", quote(rel), texts, maxFile)
+	}
+	// The strings arrive first, whatever happens next: the caller is
 	// sending them.
-	texts := make([]byte, 0, oldSize+newSize)
-	if err := copyExact(op, rel, src, oldSize+newSize, func(b []byte) error { texts = append(texts, b...); return nil }); err != nil {
+	all := make([]byte, 0, texts)
+	if err := copyExact(op, rel, src, texts, func(b []byte) error { all = append(all, b...); return nil }); err != nil {
 		return res, unwrapDst(op, rel, err)
 	}
-	old, repl := texts[:oldSize], texts[oldSize:]
 	base := p.comps[len(p.comps)-1]
 
 	root, err := w.enter()
@@ -71,9 +93,10 @@ func (w *Workspace) EditFile(rel string, src io.Reader, oldSize, newSize int64, 
 	}
 	defer w.mu.RUnlock()
 
+	createOnly := edits[0].OldSize == 0
 	parent := wsPath{rel: rel, comps: p.comps[:len(p.comps)-1]}
 	dir, err := openBeneath(root, parent.String(), unix.O_PATH|unix.O_DIRECTORY, resolveFlags)
-	if err == unix.ENOENT && len(old) == 0 {
+	if err == unix.ENOENT && createOnly {
 		dir, err = mkdirParents(root, parent.comps, resolveFlags, op, rel)
 	}
 	if err != nil {
@@ -83,8 +106,12 @@ func (w *Workspace) EditFile(rel string, src io.Reader, oldSize, newSize int64, 
 
 	fd, err := openat(dir, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	switch {
-	case err == unix.ENOENT && len(old) == 0:
-		return createEdited(dir, base, rel, repl, maxFile)
+	case err == unix.ENOENT && createOnly:
+		out, n, err := applyEdits(ctx, rel, nil, all, edits, maxFile)
+		if err != nil {
+			return res, err
+		}
+		return createEdited(dir, base, rel, out, n, maxFile)
 	case err == unix.ELOOP:
 		return res, errcode.Errorf(errcode.InvalidArgument,
 			"edit %s: it is a symlink; edit the file it points to instead (sandbox_list shows the target)", quote(rel))
@@ -105,37 +132,24 @@ func (w *Workspace) EditFile(rel string, src io.Reader, oldSize, newSize int64, 
 	if err := clearNonblock(fd); err != nil {
 		return res, fsError(op, rel, err)
 	}
-	if maxFile > 0 && st.Size > maxFile {
-		return res, errcode.Errorf(errcode.TooLarge,
-			"edit %s: the file is %d bytes, more than this server's cap of %d; change it with sandbox_exec (sed, patch) instead", quote(rel), st.Size, maxFile)
+	tooLarge := func(size int64) error {
+		return errcode.Errorf(errcode.TooLarge,
+			"edit %s: the file is %d bytes, more than this server's cap of %d; change it with sandbox_exec (sed, patch) instead", quote(rel), size, maxFile)
 	}
-	data, err := readAllFd(fd, st.Size)
-	if err != nil {
-		return res, fsError(op, rel, err)
+	if maxFile > 0 && st.Size > maxFile {
+		return res, tooLarge(st.Size)
+	}
+	data, err := readAllFd(ctx, fd, st.Size, maxFile)
+	switch {
+	case err == errGrown:
+		return res, tooLarge(int64(len(data)))
+	case err != nil:
+		return res, readErr(ctx, op, rel, err)
 	}
 
-	var out []byte
-	switch n := bytes.Count(data, old); {
-	case len(old) == 0 && len(data) > 0:
-		return res, errcode.Errorf(errcode.InvalidArgument,
-			"edit %s: old_string is empty, but the file has %d bytes; give the text to replace, or use sandbox_write_file to replace the whole file", quote(rel), len(data))
-	case len(old) == 0:
-		out, res.Replacements = repl, 1
-	case n == 0:
-		return res, errcode.Errorf(errcode.NotFound, "edit %s: old_string does not occur in the file. %s", quote(rel), nearMiss(data, old))
-	case n > 1 && !replaceAll:
-		return res, errcode.Errorf(errcode.InvalidArgument,
-			"edit %s: old_string occurs %d times (%s); add surrounding lines to old_string so it occurs once, or set replace_all to replace every one",
-			quote(rel), n, matchLines(data, old))
-	default:
-		if !replaceAll {
-			n = 1
-		}
-		if grown := int64(len(data)) + int64(n)*(int64(len(repl))-int64(len(old))); maxFile > 0 && grown > maxFile {
-			return res, errcode.Errorf(errcode.TooLarge,
-				"edit %s: the file would be %d bytes, more than this server's cap of %d; make a smaller change", quote(rel), grown, maxFile)
-		}
-		out, res.Replacements = bytes.Replace(data, old, repl, n), n
+	out, n, err := applyEdits(ctx, rel, data, all, edits, maxFile)
+	if err != nil {
+		return res, err
 	}
 
 	// The file must still be the one read: replaced or written to since,
@@ -148,17 +162,81 @@ func (w *Workspace) EditFile(rel string, src io.Reader, oldSize, newSize int64, 
 		return res, errcode.Errorf(errcode.InvalidArgument,
 			"edit %s: the file changed while it was being edited; read it again and retry", quote(rel))
 	}
+	if err := ctx.Err(); err != nil {
+		return res, stopped(ctx, op, rel)
+	}
 	wr, err := replaceFile(dir, base, op, rel, bytes.NewReader(out), int64(len(out)), st.Mode&0o777)
 	if err != nil {
 		return res, err
 	}
-	res.Size = wr.Size
+	res.Replacements, res.Size = n, wr.Size
 	return res, nil
+}
+
+// applyEdits makes edits in data (nil: the file does not exist yet), whose
+// old and new texts lie one after another in texts, and returns the result
+// and the number of replacements. It changes neither data nor texts.
+func applyEdits(ctx context.Context, rel string, data, texts []byte, edits []agentproto.EditSpec, maxFile int64) ([]byte, int, error) {
+	total := 0
+	missing := data == nil
+	for i, e := range edits {
+		if ctx.Err() != nil {
+			return nil, 0, stopped(ctx, "edit", rel)
+		}
+		old, repl := texts[:e.OldSize], texts[e.OldSize:e.OldSize+e.NewSize]
+		texts = texts[e.OldSize+e.NewSize:]
+		which, after := "", ""
+		if len(edits) > 1 {
+			which = fmt.Sprintf("edit %d of %d: ", i+1, len(edits))
+			after = "; no edit was made"
+			if i > 0 {
+				which = fmt.Sprintf("edit %d of %d (on the text the edits before it left): ", i+1, len(edits))
+			}
+		}
+		n := 0
+		switch {
+		case len(old) == 0 && len(data) > 0:
+			return nil, 0, errcode.Errorf(errcode.InvalidArgument,
+				"edit %s: %sold_string is empty, but the file has %d bytes; give the text to replace, or use sandbox_write_file to replace the whole file%s", quote(rel), which, len(data), after)
+		case len(old) == 0:
+			data, n = repl, 1
+		case missing:
+			return nil, 0, errcode.Errorf(errcode.NotFound,
+				"edit %s: %sno such file in the workspace; check the path with sandbox_list, or pass an empty old_string to create the file%s", quote(rel), which, after)
+		default:
+			n = bytes.Count(data, old)
+			switch {
+			case n == 0:
+				hint := nearMiss(ctx, data, old)
+				if ctx.Err() != nil {
+					return nil, 0, stopped(ctx, "edit", rel)
+				}
+				return nil, 0, errcode.Errorf(errcode.NotFound, "edit %s: %sold_string does not occur in the file%s. %s", quote(rel), which, after, hint)
+			case n > 1 && !e.ReplaceAll:
+				return nil, 0, errcode.Errorf(errcode.InvalidArgument,
+					"edit %s: %sold_string occurs %d times (%s); add surrounding lines to old_string so it occurs once, or set replace_all to replace every one%s",
+					quote(rel), which, n, matchLines(data, old), after)
+			case !e.ReplaceAll:
+				n = 1
+			}
+			if grown := int64(len(data)) + int64(n)*(int64(len(repl))-int64(len(old))); maxFile > 0 && grown > maxFile {
+				return nil, 0, errcode.Errorf(errcode.TooLarge,
+					"edit %s: %sthe file would be %d bytes, more than this server's cap of %d; make a smaller change%s", quote(rel), which, grown, maxFile, after)
+			}
+			data = bytes.Replace(data, old, repl, n)
+		}
+		missing = false
+		total += n
+	}
+	if data == nil {
+		data = []byte{}
+	}
+	return data, total, nil
 }
 
 // createEdited creates base in dir with content, for an edit with an empty
 // old text on a missing file. A file created meanwhile is left alone.
-func createEdited(dir int, base, rel string, content []byte, maxFile int64) (agentproto.EditResult, error) {
+func createEdited(dir int, base, rel string, content []byte, replacements int, maxFile int64) (agentproto.EditResult, error) {
 	const op = "edit"
 	var res agentproto.EditResult
 	if maxFile > 0 && int64(len(content)) > maxFile {
@@ -191,22 +269,34 @@ func createEdited(dir int, base, rel string, content []byte, maxFile int64) (age
 		return res, fsError(op, rel, err)
 	}
 	done = true
-	return agentproto.EditResult{Replacements: 1, Size: int64(len(content)), Created: true}, nil
+	return agentproto.EditResult{Replacements: replacements, Size: int64(len(content)), Created: true}, nil
 }
 
+// errGrown is readAllFd's error for a file that grew past its limit.
+var errGrown = errors.New("the file grew past the cap while it was read")
+
 // readAllFd reads the file open as fd, expecting size bytes; one that has
-// grown meanwhile is read to its end.
-func readAllFd(fd int, size int64) ([]byte, error) {
+// grown meanwhile is read to its end, but never past limit bytes (0: no
+// limit): past it, readAllFd stops with errGrown. It stops with ctx's error
+// when ctx ends.
+func readAllFd(ctx context.Context, fd int, size, limit int64) ([]byte, error) {
 	buf := make([]byte, 0, size+1)
 	var off int64
 	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if limit > 0 && off > limit {
+			return buf, errGrown
+		}
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		n, err := unix.Pread(fd, buf[len(buf):cap(buf)], off)
-		if err == unix.EINTR {
-			continue
+		room := buf[len(buf):cap(buf)]
+		if limit > 0 {
+			room = room[:min(int64(len(room)), limit+1-off, agentproto.ChunkSize)]
 		}
+		n, err := pread(fd, room, off)
 		if err != nil {
 			return nil, err
 		}
@@ -252,8 +342,13 @@ func matchLines(data, old []byte) string {
 // does, or how to find the right text. Its lines are matched as the file's
 // lines with every whitespace character removed: the first may end a file
 // line, the last may start one, the others must match whole.
-func nearMiss(data, old []byte) string {
-	const fallback = "Read the file again (sandbox_read_file with start_line and end_line) and copy the text exactly, whitespace included."
+//
+// The search compares at most about twice the bytes of data and old (a file
+// of many equal lines against an old text of many lines would otherwise
+// take lines × old lines comparisons), and stops when ctx ends; then it
+// gives the general advice.
+func nearMiss(ctx context.Context, data, old []byte) string {
+	const fallback = "Read the file again (sandbox_read_file) and copy the text exactly, whitespace included."
 	oldLines := splitLines(string(old))
 	for len(oldLines) > 0 && squash(oldLines[len(oldLines)-1]) == "" {
 		oldLines = oldLines[:len(oldLines)-1]
@@ -267,30 +362,50 @@ func nearMiss(data, old []byte) string {
 	lines := splitLines(string(data))
 	flat := make([]string, len(lines))
 	for i, l := range lines {
+		if i%4096 == 0 && ctx.Err() != nil {
+			return fallback
+		}
 		flat[i] = squash(l)
 	}
 	want := make([]string, len(oldLines))
 	for i, l := range oldLines {
 		want[i] = squash(l)
 	}
+	// budget is what is left of the bytes the search may compare.
+	budget := 2*int64(len(data)+len(old)) + 64<<10
+	spend := func(a, b string) bool {
+		budget -= int64(min(len(a), len(b))) + 1
+		return budget >= 0
+	}
 	k := len(want)
-	matches := func(i int) bool {
+	// matches reports whether old's lines match from line i on; first
+	// tells whether its first line does.
+	matches := func(i int) (match, first bool) {
 		if k == 1 {
-			return strings.Contains(flat[i], want[0])
+			budget -= int64(len(flat[i])) + 1
+			return strings.Contains(flat[i], want[0]), false
 		}
-		if i+k > len(flat) || !strings.HasSuffix(flat[i], want[0]) || !strings.HasPrefix(flat[i+k-1], want[k-1]) {
-			return false
+		spend(flat[i], want[0])
+		if !strings.HasSuffix(flat[i], want[0]) {
+			return false, false
+		}
+		if i+k > len(flat) || !spend(flat[i+k-1], want[k-1]) || !strings.HasPrefix(flat[i+k-1], want[k-1]) {
+			return false, true
 		}
 		for j := 1; j < k-1; j++ {
-			if flat[i+j] != want[j] {
-				return false
+			if !spend(flat[i+j], want[j]) || flat[i+j] != want[j] {
+				return false, true
 			}
 		}
-		return true
+		return true, true
 	}
 	firstAt := -1
 	for i := range flat {
-		if matches(i) {
+		if budget < 0 || (i%4096 == 0 && ctx.Err() != nil) {
+			break
+		}
+		match, first := matches(i)
+		if match && budget >= 0 {
 			where := fmt.Sprintf("line %d", i+1)
 			if k > 1 {
 				where = fmt.Sprintf("lines %d-%d", i+1, i+k)
@@ -298,7 +413,7 @@ func nearMiss(data, old []byte) string {
 			return fmt.Sprintf("The nearest match is %s, which differs only in whitespace (indentation, tabs, spaces or line ends); line %d is exactly %s. Copy the text exactly as the file has it.",
 				where, i+1, qname(lines[i]))
 		}
-		if firstAt < 0 && k > 1 && strings.HasSuffix(flat[i], want[0]) {
+		if firstAt < 0 && first {
 			firstAt = i
 		}
 	}

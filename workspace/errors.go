@@ -5,6 +5,7 @@ package workspace
 // to do instead, or a fault when the caller cannot act on it.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -13,6 +14,17 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
+
+// stopped is the error of an operation on rel whose ctx ended: the server
+// gave up waiting for it (its deadline passed) or cancelled it, so the work
+// stops where it is.
+func stopped(ctx context.Context, op, rel string) error {
+	why := "the server cancelled it"
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		why = "it ran past its deadline"
+	}
+	return errcode.Errorf(errcode.Timeout, "%s %s: stopped before it finished: %s; try again, or with a smaller range", op, quote(rel), why)
+}
 
 // faultError is a failure the caller cannot act on: an unexpected errno, a
 // descriptor that would not close. It has no code: the agent sends it as

@@ -2,8 +2,10 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -13,7 +15,7 @@ import (
 
 // edit runs EditFile with old and new as its input.
 func (e *env) edit(rel, old, repl string, all bool, maxFile int64) (agentproto.EditResult, error) {
-	return e.w.EditFile(rel, strings.NewReader(old+repl), int64(len(old)), int64(len(repl)), all, maxFile)
+	return e.w.EditFile(context.Background(), rel, strings.NewReader(old+repl), []agentproto.EditSpec{{OldSize: int64(len(old)), NewSize: int64(len(repl)), ReplaceAll: all}}, maxFile)
 }
 
 func TestEdit(t *testing.T) {
@@ -319,37 +321,38 @@ func TestReadLines(t *testing.T) {
 		want        string
 		offset      int64
 		first, last int64
+		endOff      int64
 		total       int64
 		truncated   bool
 	}{
-		{name: "all", content: text, start: 1, max: 100, want: text, first: 1, last: 5, total: 5},
-		{name: "middle", content: text, start: 2, end: 3, max: 100, want: "two\nthree\n", offset: 4, first: 2, last: 3, total: 5},
-		{name: "to end", content: text, start: 4, max: 100, want: "four\nfive", offset: 14, first: 4, last: 5, total: 5},
-		{name: "end past last", content: text, start: 5, end: 99, max: 100, want: "five", offset: 19, first: 5, last: 5, total: 5},
-		{name: "one line", content: text, start: 3, end: 3, max: 100, want: "three\n", offset: 8, first: 3, last: 3, total: 5},
-		{name: "cap at a line", content: text, start: 1, max: 10, want: "one\ntwo\n", first: 1, last: 2, total: 5, truncated: true},
-		{name: "cap inside the first line", content: "abcdefghij\nk\n", start: 1, max: 4, want: "abcd", first: 1, last: 1, total: 2, truncated: true},
-		{name: "cap exactly", content: text, start: 2, end: 3, max: 10, want: "two\nthree\n", offset: 4, first: 2, last: 3, total: 5},
-		{name: "trailing newline", content: "a\nb\n", start: 2, max: 100, want: "b\n", offset: 2, first: 2, last: 2, total: 2},
-		{name: "empty file", content: "", start: 1, max: 100, want: "", first: 1, last: 0, total: 0},
+		{name: "all", content: text, start: 1, max: 100, want: text, first: 1, last: 5, endOff: 23, total: 5},
+		{name: "middle", content: text, start: 2, end: 3, max: 100, want: "two\nthree\n", offset: 4, first: 2, last: 3, endOff: 14, total: 5},
+		{name: "to end", content: text, start: 4, max: 100, want: "four\nfive", offset: 14, first: 4, last: 5, endOff: 23, total: 5},
+		{name: "end past last", content: text, start: 5, end: 99, max: 100, want: "five", offset: 19, first: 5, last: 5, endOff: 23, total: 5},
+		{name: "one line", content: text, start: 3, end: 3, max: 100, want: "three\n", offset: 8, first: 3, last: 3, endOff: 14, total: 5},
+		{name: "cap at a line", content: text, start: 1, max: 10, want: "one\ntwo\n", first: 1, last: 2, endOff: 8, total: 5, truncated: true},
+		{name: "cap inside the first line", content: "abcdefghij\nk\n", start: 1, max: 4, want: "abcd", first: 1, last: 1, endOff: 4, total: 2, truncated: true},
+		{name: "cap exactly", content: text, start: 2, end: 3, max: 10, want: "two\nthree\n", offset: 4, first: 2, last: 3, endOff: 14, total: 5},
+		{name: "trailing newline", content: "a\nb\n", start: 2, max: 100, want: "b\n", offset: 2, first: 2, last: 2, endOff: 4, total: 2},
+		{name: "empty file", content: "", start: 1, max: 100, want: "", first: 1, last: 0, endOff: 0, total: 0},
 		{name: "past the end", content: text, start: 6, max: 100, code: invalidCode},
 		{name: "zero start", content: text, start: 0, max: 100, code: invalidCode},
 		{name: "end before start", content: text, start: 3, end: 2, max: 100, code: invalidCode},
-		{name: "blank lines", content: "\n\n\n", start: 2, end: 3, max: 100, want: "\n\n", offset: 1, first: 2, last: 3, total: 3},
+		{name: "blank lines", content: "\n\n\n", start: 2, end: 3, max: 100, want: "\n\n", offset: 1, first: 2, last: 3, endOff: 3, total: 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			e.file("f", tc.content)
 			var b bytes.Buffer
-			res, err := e.w.ReadLines("f", tc.start, tc.end, tc.max, &b)
+			res, err := e.w.ReadLines(context.Background(), "f", Lines{Start: tc.start, End: tc.end, Max: tc.max}, &b)
 			wantCode(t, err, tc.code, "f")
 			if err != nil {
 				return
 			}
-			want := agentproto.ReadResult{Size: int64(len(tc.content)), Truncated: tc.truncated, Offset: tc.offset,
-				StartLine: tc.first, EndLine: tc.last, TotalLines: tc.total}
-			if b.String() != tc.want || res != want {
+			want := agentproto.ReadResult{Size: int64(len(tc.content)), Truncated: tc.truncated, Offset: tc.offset, End: tc.endOff,
+				StartLine: tc.first, EndLine: tc.last, TotalLines: tc.total, Scanned: int64(len(tc.content))}
+			if b.String() != tc.want || !reflect.DeepEqual(res, want) {
 				t.Errorf("got %q %+v, want %q %+v", b.String(), res, tc.want, want)
 			}
 		})
@@ -362,13 +365,13 @@ func TestReadLines(t *testing.T) {
 	}
 	e.file("big", big.String())
 	var b bytes.Buffer
-	res, err := e.w.ReadLines("big", 199_999, 0, 1<<20, &b)
+	res, err := e.w.ReadLines(context.Background(), "big", Lines{Start: 199_999, Max: 1 << 20}, &b)
 	if err != nil || res.TotalLines != 200_000 || res.EndLine != 200_000 || b.String() != strings.Repeat("x", 199_998%7)+"\n"+strings.Repeat("x", 199_999%7)+"\n" {
 		t.Fatalf("big: %+v %q %v", res, b.String(), err)
 	}
 	// Confinement is ReadFile's.
 	e.symlink(e.outside, "s")
-	if _, err := e.w.ReadLines("s/secret", 1, 0, 100, &b); codeOf(err) != outsideCode {
+	if _, err := e.w.ReadLines(context.Background(), "s/secret", Lines{Start: 1, Max: 100}, &b); codeOf(err) != outsideCode {
 		t.Fatalf("read lines through a symlink out: %v", err)
 	}
 }

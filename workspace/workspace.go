@@ -55,11 +55,10 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
-	"slices"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -167,8 +166,9 @@ func errClosed() error {
 // refused at once, without blocking. The result's Size is the file's size
 // when it was opened; Truncated is set when fewer bytes were sent than asked
 // for (the max cap, or a file that shrank meanwhile). A file that grows while
-// it is read is never read beyond the cap.
-func (w *Workspace) ReadFile(rel string, offset, length, max int64, dst io.Writer) (agentproto.ReadResult, error) {
+// it is read is never read beyond the cap. When ctx ends the read stops and
+// fails with TIMEOUT.
+func (w *Workspace) ReadFile(ctx context.Context, rel string, offset, length, max int64, dst io.Writer) (agentproto.ReadResult, error) {
 	const op = "read"
 	var res agentproto.ReadResult
 	p, err := parsePath(op, rel)
@@ -200,11 +200,12 @@ func (w *Workspace) ReadFile(rel string, offset, length, max int64, dst io.Write
 	if length > 0 && length < want {
 		want = length
 	}
-	sent, err := sendRange(fd, offset, min(want, max), dst)
+	sent, err := sendRange(ctx, fd, offset, min(want, max), dst)
 	if err != nil {
-		return res, unwrapDst(op, rel, err)
+		return res, readErr(ctx, op, rel, err)
 	}
 	res.Truncated = sent < want
+	res.End = offset + sent
 	return res, nil
 }
 
@@ -239,8 +240,9 @@ type dstError struct{ err error }
 func (e dstError) Error() string { return e.err.Error() }
 
 // sendRange writes up to n bytes of fd from offset to dst with pread, in
-// Writes of at most ChunkSize bytes. It stops early at end of file.
-func sendRange(fd int, offset, n int64, dst io.Writer) (int64, error) {
+// Writes of at most ChunkSize bytes. It stops early at end of file, and
+// with ctx's error when ctx ends.
+func sendRange(ctx context.Context, fd int, offset, n int64, dst io.Writer) (int64, error) {
 	if n <= 0 {
 		return 0, nil
 	}
@@ -249,6 +251,9 @@ func sendRange(fd int, offset, n int64, dst io.Writer) (int64, error) {
 	buf := *bp
 	var sent int64
 	for sent < n {
+		if err := ctx.Err(); err != nil {
+			return sent, err
+		}
 		chunk := buf[:min(int64(len(buf)), n-sent)]
 		k, err := unix.Pread(fd, chunk, offset+sent)
 		if err == unix.EINTR {
@@ -575,175 +580,6 @@ func (f fdReaderAt) ReadAt(p []byte, off int64) (int, error) {
 			return 0, io.EOF
 		}
 		return n, nil
-	}
-}
-
-// List reports the entries of the directory rel (recursively when recursive
-// is set) to emit, in order, at most max of them (0 reports none); Truncated
-// is set when there were more. A symlink at rel that points to a directory
-// inside the workspace is followed (one that leads outside is
-// OUTSIDE_WORKSPACE); any other non-directory at rel is reported as its one
-// entry. Below the start, symlinks are reported, never followed.
-//
-// Entry.Path is workspace-relative: rel (normalised: no "//", no "./")
-// joined with the names below it, so it can be passed back to the other
-// methods. Entries are sorted by name within each directory, and a
-// directory's entries follow it directly. Recursion stops 64 levels below
-// rel: deeper directories are listed but not entered. Names that are not
-// valid UTF-8 are listed with each invalid byte sequence replaced by U+FFFD
-// (so such a path is for reading, not for passing back); symlink targets
-// likewise.
-func (w *Workspace) List(rel string, recursive bool, max int, emit func(agentproto.Entry) error) (agentproto.ListResult, error) {
-	const op = "list"
-	var res agentproto.ListResult
-	p, err := parsePath(op, rel)
-	if err != nil {
-		return res, err
-	}
-	if max < 0 {
-		return res, errcode.Errorf(errcode.InvalidArgument, "list %s: max must not be negative (got %d)", quote(rel), max)
-	}
-	root, err := w.enter()
-	if err != nil {
-		return res, err
-	}
-	defer w.mu.RUnlock()
-
-	l := &lister{op: op, rel: rel, max: max, emit: emit, recursive: recursive}
-	prefix := ""
-	if len(p.comps) > 0 {
-		prefix = strings.ToValidUTF8(p.String(), "\uFFFD") + "/"
-	}
-
-	// Look at rel itself first (not following a final symlink).
-	self, err := openBeneath(root, p.open(), unix.O_PATH|unix.O_NOFOLLOW, resolveFlags)
-	if err != nil {
-		return res, fsError(op, rel, err)
-	}
-	defer closeFd(self)
-	st, err := fstat(self)
-	if err != nil {
-		return res, fsError(op, rel, err)
-	}
-	var dir int
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFDIR:
-		dir, err = openat(self, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	case unix.S_IFLNK:
-		dir, err = openBeneath(root, p.open(), unix.O_RDONLY|unix.O_DIRECTORY, resolveFlags)
-		if err == unix.ENOTDIR || err == unix.ENOENT {
-			// A link to a file, or a dangling one: list the link itself.
-			target, _ := readlinkAt(self, "")
-			err = l.add(entryOf(p.String(), &st, target))
-			return l.result(err)
-		}
-	default:
-		err = l.add(entryOf(p.String(), &st, ""))
-		return l.result(err)
-	}
-	if err != nil {
-		return res, fsError(op, rel, err)
-	}
-	defer closeFd(dir)
-	return l.result(l.dir(dir, prefix, 1))
-}
-
-// lister carries one List call's state.
-type lister struct {
-	op, rel   string
-	max       int
-	recursive bool
-	emit      func(agentproto.Entry) error
-	count     int
-	truncated bool
-}
-
-// errStop ends a walk early (max entries reached) without an error.
-var errStop = errors.New("list: max entries reached")
-
-// add emits e unless max entries were emitted already.
-func (l *lister) add(e agentproto.Entry) error {
-	if l.count >= l.max {
-		l.truncated = true
-		return errStop
-	}
-	if err := l.emit(e); err != nil {
-		return dstError{err}
-	}
-	l.count++
-	return nil
-}
-
-// result turns the walk's outcome into List's results.
-func (l *lister) result(err error) (agentproto.ListResult, error) {
-	res := agentproto.ListResult{Count: l.count, Truncated: l.truncated}
-	var de dstError
-	switch {
-	case err == nil || err == errStop:
-		return res, nil
-	case errors.As(err, &de):
-		return res, de.err
-	}
-	return res, fsError(l.op, l.rel, err)
-}
-
-// dir lists the directory open for reading as fd, whose entries' paths start
-// with prefix and lie depth levels below the start.
-func (l *lister) dir(fd int, prefix string, depth int) error {
-	names, err := readNames(fd)
-	if err != nil {
-		return err
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		if l.count >= l.max {
-			l.truncated = true
-			return errStop
-		}
-		st, err := lstatAt(fd, name)
-		if err == unix.ENOENT {
-			continue // removed meanwhile
-		}
-		if err != nil {
-			return err
-		}
-		path := prefix + strings.ToValidUTF8(name, "\uFFFD")
-		target := ""
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			target, _ = readlinkAt(fd, name)
-		}
-		if err := l.add(entryOf(path, &st, target)); err != nil {
-			return err
-		}
-		if !l.recursive || st.Mode&unix.S_IFMT != unix.S_IFDIR || depth >= listMaxDepth {
-			continue
-		}
-		sub, err := openChild(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
-		switch err {
-		case nil:
-		case unix.ENOENT, unix.ENOTDIR, unix.ELOOP, unix.EACCES, unix.EXDEV:
-			continue // gone or replaced meanwhile, unreadable, or a mount point: listed, not entered
-		default:
-			return err
-		}
-		err = l.dir(sub, path+"/", depth+1)
-		closeFd(sub)
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// entryOf builds a List entry.
-func entryOf(path string, st *unix.Stat_t, target string) agentproto.Entry {
-	return agentproto.Entry{
-		Path:   strings.ToValidUTF8(path, "\uFFFD"),
-		Type:   typeOf(st.Mode),
-		Size:   st.Size,
-		Mode:   permBits(st.Mode),
-		MTime:  mtimeOf(st),
-		Target: strings.ToValidUTF8(target, "\uFFFD"),
 	}
 }
 

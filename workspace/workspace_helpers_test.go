@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -103,7 +104,7 @@ func (e *env) mkfifo(rel string) {
 // read reads a whole file through the workspace.
 func (e *env) read(rel string) (string, agentproto.ReadResult, error) {
 	var b bytes.Buffer
-	res, err := e.w.ReadFile(rel, 0, 0, 1<<30, &b)
+	res, err := e.w.ReadFile(context.Background(), rel, 0, 0, 1<<30, &b)
 	return b.String(), res, err
 }
 

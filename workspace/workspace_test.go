@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -154,7 +155,7 @@ func TestReadRanges(t *testing.T) {
 	}
 	for _, tc := range cases {
 		var b bytes.Buffer
-		res, err := e.w.ReadFile("ten", tc.off, tc.length, tc.max, &b)
+		res, err := e.w.ReadFile(context.Background(), "ten", tc.off, tc.length, tc.max, &b)
 		if codeOf(err) != tc.code || (tc.code == "" && err != nil) {
 			t.Errorf("%+v: err %v", tc, err)
 			continue
@@ -174,7 +175,7 @@ func TestReadRanges(t *testing.T) {
 	var sizes []int
 	var got bytes.Buffer
 	dst := writerFunc(func(p []byte) (int, error) { sizes = append(sizes, len(p)); return got.Write(p) })
-	res, err := e.w.ReadFile("big", 0, 0, 1<<30, dst)
+	res, err := e.w.ReadFile(context.Background(), "big", 0, 0, 1<<30, dst)
 	if err != nil || !bytes.Equal(got.Bytes(), big) || res.Truncated {
 		t.Fatalf("big read: %v, %d bytes, %+v", err, got.Len(), res)
 	}
@@ -186,7 +187,7 @@ func TestReadRanges(t *testing.T) {
 
 	// The caller's writer error comes back unchanged.
 	myErr := errors.New("client went away")
-	_, err = e.w.ReadFile("big", 0, 0, 1<<30, writerFunc(func(p []byte) (int, error) { return 0, myErr }))
+	_, err = e.w.ReadFile(context.Background(), "big", 0, 0, 1<<30, writerFunc(func(p []byte) (int, error) { return 0, myErr }))
 	if err != myErr {
 		t.Fatalf("writer error: got %v, want it unchanged", err)
 	}
@@ -261,14 +262,14 @@ func TestReadSparseHuge(t *testing.T) {
 	f.Close()
 	start := time.Now()
 	var b bytes.Buffer
-	res, err := e.w.ReadFile("sparse", 0, 0, 4096, &b)
+	res, err := e.w.ReadFile(context.Background(), "sparse", 0, 0, 4096, &b)
 	if err != nil || b.Len() != 4096 || !res.Truncated || res.Size != 100<<30 {
 		t.Fatalf("got %d bytes, %+v, %v", b.Len(), res, err)
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("took %v", d)
 	}
-	res, err = e.w.ReadFile("sparse", 50<<30, 10, 4096, &b)
+	res, err = e.w.ReadFile(context.Background(), "sparse", 50<<30, 10, 4096, &b)
 	if err != nil || res.Truncated {
 		t.Fatalf("range in the middle: %+v %v", res, err)
 	}
@@ -546,7 +547,7 @@ func TestConcurrentWrites(t *testing.T) {
 // listAll lists and collects the entries.
 func listAll(w *Workspace, rel string, recursive bool, max int) ([]agentproto.Entry, agentproto.ListResult, error) {
 	var ents []agentproto.Entry
-	res, err := w.List(rel, recursive, max, func(en agentproto.Entry) error { ents = append(ents, en); return nil })
+	res, err := w.List(context.Background(), rel, ListOptions{Recursive: recursive, Max: max}, func(en agentproto.Entry) error { ents = append(ents, en); return nil })
 	return ents, res, err
 }
 
@@ -620,9 +621,10 @@ func TestList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"a.txt", "b.txt", "dangling", "dirlink", "fifo", "outlink", "sticky", "sub", "sub/inner", "sub/inner/y", "sub/z"}
+	// Breadth-first: a level at a time, sorted within each directory.
+	want = []string{"a.txt", "b.txt", "dangling", "dirlink", "fifo", "outlink", "sticky", "sub", "sub/inner", "sub/z", "sub/inner/y"}
 	if fmt.Sprint(paths(ents)) != fmt.Sprint(want) {
-		t.Fatalf("recursive list (symlinks must not be entered): %q", paths(ents))
+		t.Fatalf("recursive list (breadth-first; symlinks must not be entered): %q", paths(ents))
 	}
 
 	// Subdirectory, spelled in several ways: paths are workspace-relative.
@@ -632,7 +634,7 @@ func TestList(t *testing.T) {
 			t.Fatal(err)
 		}
 		prefix := strings.TrimSuffix(strings.TrimPrefix(start, "./"), "/")
-		want := []string{prefix + "/inner", prefix + "/inner/y", prefix + "/z"}
+		want := []string{prefix + "/inner", prefix + "/z", prefix + "/inner/y"}
 		if fmt.Sprint(paths(ents)) != fmt.Sprint(want) {
 			t.Errorf("list %q: %q, want %q", start, paths(ents), want)
 		}
@@ -674,7 +676,7 @@ func TestList(t *testing.T) {
 	wantCode(t, err, notFoundCode, "missing")
 	// The caller's emit error comes back unchanged.
 	myErr := errors.New("stop")
-	if _, err := e.w.List(".", true, 100, func(agentproto.Entry) error { return myErr }); err != myErr {
+	if _, err := e.w.List(context.Background(), ".", ListOptions{Recursive: true, Max: 100}, func(agentproto.Entry) error { return myErr }); err != myErr {
 		t.Fatalf("emit error: %v", err)
 	}
 	e.checkOutside()

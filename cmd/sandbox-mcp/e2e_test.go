@@ -294,9 +294,13 @@ func TestStdioTools(t *testing.T) {
 	if r["content"] != "hello\nagain\n" || r["encoding"] != "utf-8" || r["size"].(float64) != 12 || r["truncated"] != false {
 		t.Fatalf("read: %v", r)
 	}
-	r = s.ok("sandbox_read_file", map[string]any{"path": "dir/hello.txt", "offset": 6, "length": 3})
-	if r["content"] != "aga" {
+	r = s.ok("sandbox_read_file", map[string]any{"path": "dir/hello.txt", "byte_offset": 6, "byte_length": 3})
+	if r["content"] != "aga" || r["next_byte_offset"].(float64) != 9 {
 		t.Fatalf("read range: %v", r)
+	}
+	r = s.ok("sandbox_read_file", map[string]any{"path": "dir/hello.txt", "offset": 2})
+	if r["content"] != "again\n" || r["total_lines"].(float64) != 2 {
+		t.Fatalf("read from line 2: %v", r)
 	}
 	bin := []byte{0, 1, 2, 0xff, 0xfe, 'x'}
 	s.ok("sandbox_write_file", map[string]any{"path": "bin.dat", "content": base64.StdEncoding.EncodeToString(bin), "encoding": "base64", "mode": "0600"})
@@ -304,7 +308,7 @@ func TestStdioTools(t *testing.T) {
 	if r["encoding"] != "base64" || r["content"] != base64.StdEncoding.EncodeToString(bin) {
 		t.Fatalf("binary round trip: %v", r)
 	}
-	l := s.ok("sandbox_list", map[string]any{"recursive": true})
+	l := s.ok("sandbox_list", map[string]any{"recursive": true, "details": true})
 	entries := l["entries"].([]any)
 	seen := map[string]map[string]any{}
 	for _, e := range entries {

@@ -45,13 +45,13 @@ func fileTools(t *testing.T, s *server) {
 	if e["replacements"].(float64) != 1 || e["path"] != "app/main.py" {
 		t.Fatalf("edit: %v", e)
 	}
-	l := s.ok("sandbox_list", map[string]any{"path": "app"})
+	l := s.ok("sandbox_list", map[string]any{"path": "app", "details": true})
 	if m := l["entries"].([]any)[0].(map[string]any); m["mode"] != "0755" || m["size"].(float64) != e["size"].(float64) {
 		t.Fatalf("the edit did not keep the mode, or the size: %v %v", m, e)
 	}
 
-	r := s.ok("sandbox_read_file", map[string]any{"path": "app/main.py", "start_line": 3, "end_line": 3})
-	if r["content"] != "def main():\n" || r["total_lines"].(float64) != 4 || r["next_offset"].(float64) != 23 || !strings.Contains(r["hint"].(string), "start_line=4") {
+	r := s.ok("sandbox_read_file", map[string]any{"path": "app/main.py", "offset": 3, "limit": 1})
+	if r["content"] != "def main():\n" || r["total_lines"].(float64) != 4 || r["next_offset"].(float64) != 4 || r["truncated"] != false {
 		t.Fatalf("line read: %v", r)
 	}
 

@@ -286,7 +286,7 @@ func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			path := []string{"text", "bin"}[i%2]
-			line, a, err := c.tool(tools.NameReadFile, map[string]any{"path": path})
+			line, a, err := c.tool(tools.NameReadFile, map[string]any{"path": path, "byte_length": size})
 			switch {
 			case err != nil:
 				fail(err.Error())
@@ -297,9 +297,9 @@ func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
 			case len(line) < 1<<20:
 				fail(string(line))
 			default:
-				// The whole file came back: the text once (in the
-				// structured content, the text block points at it), the
-				// binary once as base64.
+				// The whole file came back: the text, or the
+				// binary as base64, in the structured content and in
+				// the text block.
 				want, got := size, bytes.Count(line, []byte("a"))
 				if path == "bin" {
 					want, got = base64.StdEncoding.EncodedLen(size), len(line)
@@ -336,7 +336,7 @@ func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
 	}
 
 	// The memory came back, and the session goes on in the same sandbox.
-	line, a, err := c.tool(tools.NameReadFile, map[string]any{"path": "text", "length": 100})
+	line, a, err := c.tool(tools.NameReadFile, map[string]any{"path": "text", "byte_length": 100})
 	if err != nil || a.Result.IsError || a.Error != nil {
 		t.Fatalf("a read after the load: %v %s", err, line)
 	}
@@ -345,7 +345,7 @@ func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
 	if id != sandbox {
 		t.Fatalf("the read after the load ran in sandbox %q, not %q", id, sandbox)
 	}
-	if _, a, err = c.tool(tools.NameReadFile, map[string]any{"path": "bin"}); err != nil || a.Result.IsError || a.Error != nil {
+	if _, a, err = c.tool(tools.NameReadFile, map[string]any{"path": "bin", "byte_length": size}); err != nil || a.Result.IsError || a.Error != nil {
 		t.Fatalf("a whole read after the load: %v %+v", err, a)
 	}
 }

@@ -373,7 +373,7 @@ func readWhole(t *testing.T, s *server, path string) string {
 	t.Helper()
 	var b strings.Builder
 	for offset := int64(0); ; {
-		m := s.ok("sandbox_read_file", map[string]any{"path": path, "offset": offset})
+		m := s.ok("sandbox_read_file", map[string]any{"path": path, "byte_offset": offset, "byte_length": 8 << 20})
 		content := m["content"].(string)
 		if m["encoding"] == "base64" {
 			raw, err := base64.StdEncoding.DecodeString(content)
@@ -383,7 +383,7 @@ func readWhole(t *testing.T, s *server, path string) string {
 			content = string(raw)
 		}
 		b.WriteString(content)
-		next, _ := m["next_offset"].(float64)
+		next, _ := m["next_byte_offset"].(float64)
 		if next == 0 || int64(next) <= offset {
 			return b.String()
 		}
