@@ -52,6 +52,13 @@ const shutdownTimeout = 30 * time.Second
 var protocolVersions = []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"}
 
 func main() {
+	// SIGINT and SIGTERM stay caught for the whole life of the process:
+	// run's handlers stop shutdown-worthy work, and once they are
+	// unregistered (run returning) the default action would kill a server
+	// that is removing its sandboxes or exiting. Clients send SIGTERM a
+	// moment after closing stdin (mcp-go after 2 s), so one often lands
+	// there.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM)
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
 }
 
