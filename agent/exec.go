@@ -111,7 +111,7 @@ func (s *server) resolve(name, cwd string) (string, error) {
 		}
 		candidates = []string{path.Clean(p)}
 	} else {
-		for _, d := range s.path {
+		for _, d := range s.searchPath() {
 			candidates = append(candidates, path.Join(d, name))
 		}
 	}
@@ -127,7 +127,7 @@ func (s *server) resolve(name, cwd string) (string, error) {
 		return path.Join(dir, path.Base(c)), nil
 	}
 	return "", errcode.Errorf(errcode.NotFound,
-		"program %q was not found on the sandbox's PATH (%s); check the name, or give a path", name, strings.Join(s.path, ":"))
+		"program %q was not found on the sandbox's PATH (%s); check the name, or give a path", name, strings.Join(s.searchPath(), ":"))
 }
 
 // maxExecStdin bounds the stdin an exec request carries in its data frames.
@@ -184,8 +184,9 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 		}
 		group = g
 	}
-	env := make([]string, 0, len(s.opts.Env)+len(req.Env)+1)
-	env = append(env, s.opts.Env...)
+	base := s.baseEnv()
+	env := make([]string, 0, len(base)+len(req.Env)+1)
+	env = append(env, base...)
 	env = append(env, req.Env...)
 	env = append(env, "PWD="+path.Join(s.opts.Workspace, req.Cwd))
 
