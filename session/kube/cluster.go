@@ -342,6 +342,7 @@ func ownerAnnotation() string {
 // pod that cannot start is deleted and reported as UNAVAILABLE with the
 // reason the cluster gave; the wait is bounded by Config.StartTimeout.
 func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox, error) {
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
 	p.Namespace = c.cfg.Namespace
@@ -370,11 +371,14 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox
 	p.Annotations[AnnotationOwner] = ownerAnnotation()
 	p.Annotations[AnnotationCreated] = time.Now().UTC().Format(time.RFC3339)
 
-	pods := c.cs.CoreV1().Pods(c.cfg.Namespace)
-	created, err := pods.Create(ctx, Pod(p), metav1.CreateOptions{})
-	if err != nil {
-		return nil, startError(p.Name, err)
+	if caller.Err() != nil {
+		return nil, context.Cause(caller) // abandoned before anything was made
 	}
+	// The pod is the start's from the moment its create request is sent:
+	// whatever happens next, a start that does not return it deletes it
+	// by name. The create's answer is awaited even when ctx ends meanwhile
+	// (bounded by createWait): an API server may carry out a create whose
+	// client gave up, and a delete sent before that would find nothing.
 	ok := false
 	defer func() {
 		if !ok {
@@ -385,16 +389,40 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox
 			}
 		}
 	}()
+	pods := c.cs.CoreV1().Pods(c.cfg.Namespace)
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), createWait)
+	created, err := pods.Create(cctx, Pod(p), metav1.CreateOptions{})
+	ccancel()
+	if caller.Err() != nil {
+		return nil, context.Cause(caller)
+	}
+	if err != nil {
+		return nil, startError(p.Name, err)
+	}
 	if err := c.waitRunning(ctx, created); err != nil {
+		if caller.Err() != nil {
+			return nil, context.Cause(caller)
+		}
 		return nil, err
 	}
 	pod, err := c.execAgent(ctx, p.Name, p.UID, p.GID)
 	if err != nil {
 		return nil, err
 	}
+	if caller.Err() != nil {
+		// Abandoned while the agent's stream opened: end it with the pod.
+		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer dcancel()
+		pod.Remove(dctx)
+		return nil, context.Cause(caller)
+	}
 	ok = true
 	return pod, nil
 }
+
+// createWait bounds the wait for a pod create's answer after the start
+// that sent it was abandoned.
+const createWait = 30 * time.Second
 
 // waitRunning watches a pod until its sandbox container runs, or returns
 // UNAVAILABLE with the reason it cannot.
