@@ -11,7 +11,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
 )
 
@@ -93,7 +92,9 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 		r.ok("sandbox pods run under runtime class %s", *pod.Spec.RuntimeClassName)
 	}
 	checkIdentities(ctx, sb, r, false)
-	checkKubePids(ctx, sb, r)
+	if pod != nil {
+		checkKubePids(ctx, probe, pod.Name, r) // last: it may end the sandbox
+	}
 	m.Release("doctor")
 }
 
@@ -113,17 +114,18 @@ var threadLimitRE = regexp.MustCompile(`failed to create new OS thread \(have (\
 // pod's pids.max (the kubelet's podPidsLimit, on the pod's cgroup, which
 // the container cannot read); getting there means a fork bomb in a
 // sandbox reaches the node: a FAIL.
-func checkKubePids(ctx context.Context, sb *session.Sandbox, r *report) {
-	res, err := sb.Exec(ctx, session.ExecRequest{
-		Argv: []string{kube.AgentPath, "probe-pids", strconv.Itoa(pidsProbeThreads)},
-		Env:  []string{"GOTRACEBACK=none"},
-		Cwd:  ".", Timeout: 60 * time.Second, MaxOutput: 16 << 10,
-	})
+func checkKubePids(ctx context.Context, probe *kube.Cluster, pod string, r *report) {
+	// The probe runs beside the agent, in an exec of its own: at the limit
+	// the agent may fail to make a thread and end the sandbox, and the
+	// probe's answer must not ride on the agent's stream.
+	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	stdout, stderr, exit, err := probe.Exec(pctx, pod, []string{kube.AgentPath, "probe-pids", strconv.Itoa(pidsProbeThreads)}, 16<<10)
 	if err != nil {
 		r.warn("could not learn the process limit of sandbox pods: %v", err)
 		return
 	}
-	verdict, msg := pidsVerdict(string(res.Stdout), string(res.Stderr), res.ExitCode)
+	verdict, msg := pidsVerdict(stdout, stderr, exit)
 	switch verdict {
 	case "ok":
 		r.ok("%s", msg)

@@ -622,3 +622,51 @@ func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Sa
 	}()
 	return p, nil
 }
+
+// Exec runs argv in a sandbox pod's sandbox container over pods/exec, apart
+// from the agent's stream, and returns the first maxOutput bytes of its
+// stdout and stderr and its exit code. doctor uses it for a probe that may
+// take the pod's last process (which the agent may then need).
+func (c *Cluster) Exec(ctx context.Context, pod string, argv []string, maxOutput int) (stdout, stderr string, exit int, err error) {
+	req := c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(c.cfg.Namespace).Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: SandboxContainer, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(c.rest, "GET", req.URL().String())
+	if err != nil {
+		return "", "", 0, apiError("exec in pod "+pod, err)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(c.rest, "POST", req.URL())
+	if err != nil {
+		return "", "", 0, apiError("exec in pod "+pod, err)
+	}
+	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return "", "", 0, apiError("exec in pod "+pod, err)
+	}
+	out, errOut := &capWriter{max: maxOutput}, &capWriter{max: maxOutput}
+	err = exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: out, Stderr: errOut})
+	var ee interface{ ExitStatus() int }
+	if errors.As(err, &ee) {
+		return out.String(), errOut.String(), ee.ExitStatus(), nil
+	}
+	if err != nil {
+		return out.String(), errOut.String(), 0, apiError("exec in pod "+pod, err)
+	}
+	return out.String(), errOut.String(), 0, nil
+}
+
+// capWriter keeps the first max bytes written to it and drops the rest.
+type capWriter struct {
+	max int
+	b   []byte
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	if room := w.max - len(w.b); room > 0 {
+		w.b = append(w.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (w *capWriter) String() string { return string(w.b) }
