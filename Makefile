@@ -62,7 +62,7 @@ test: setup image testimage ## run every test (unit, integration on the real eng
 
 .PHONY: bench
 bench: setup image build ## measure against baselines in one run (a few minutes); writes docs/bench/
-	$(GO) run ./cmd/sandbox-bench -bin $(BIN) -out docs/bench -readme README.md $(BENCHFLAGS)
+	$(GO) run ./cmd/sandbox-bench -bin $(BIN) -out docs/bench -doc docs/bench/README.md -readme README.md $(BENCHFLAGS)
 
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy
