@@ -8,6 +8,7 @@
 //	sandbox-mcp --http ADDR    serve streamable HTTP at http://ADDR/mcp
 //	sandbox-mcp doctor [flags] check the engine, the image and the agent
 //	sandbox-mcp image          print the default image's tag (to build on)
+//	sandbox-mcp uninstall      remove everything it made (images, sandboxes, state, firewall table)
 //	sandbox-mcp version        print the version
 //
 // Every flag also reads from SANDBOX_MCP_<NAME> and from the JSON file
@@ -77,6 +78,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return auditCmd(args[1:], stdin, stdout, stderr, getenv)
 		case "image":
 			return imageCmd(args[1:], stdout, stderr)
+		case "uninstall":
+			return uninstallCmd(ctx, args[1:], stdout, stderr, getenv)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0

@@ -56,6 +56,7 @@ Usage:
   sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
   sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
   sandbox-mcp image           print the default image's tag, to build your own image FROM it
+  sandbox-mcp uninstall       remove what it made: images, sandboxes, networks, state, firewall table (-h)
   sandbox-mcp version         print the version
 
 Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
