@@ -76,7 +76,6 @@ lint: ## gofmt, go vet, go mod tidy
 check: lint test ## lint, then every test
 
 .PHONY: clean
-clean: ## remove built binaries and leftover sandbox containers
+clean: ## remove everything the project made: sandboxes, networks, images, state, the nftables table (stop the servers first; ARGS= for uninstall's flags), and bin/
+	$(GO) run ./cmd/sandbox-mcp uninstall $(ARGS)
 	rm -rf $(BIN)
-	-docker ps -aq --filter label=io.sandbox-mcp=1 | xargs -r docker rm -f
-	-docker images -q --filter label=io.sandbox-mcp.runtime=1 | xargs -r docker rmi

@@ -65,7 +65,7 @@ func (b *bench) headline() string {
 	if s.Len() == 0 {
 		return ""
 	}
-	fmt.Fprintf(&s, "\nMeasured %s on %d CPUs (Docker %s) through a real MCP client; every measure, its baseline and goal: [docs/bench/](docs/bench/README.md).\n",
+	fmt.Fprintf(&s, "\nMeasured %s on %d CPUs with Docker %s through a real MCP client; every measure, its baseline and goal: [docs/bench/](docs/bench/README.md).\n",
 		b.Machine.Date, b.Machine.CPUs, b.Machine.Docker)
 	return s.String()
 }
