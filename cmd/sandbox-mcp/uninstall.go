@@ -110,7 +110,7 @@ func uninstall(ctx context.Context, cli *client.Client, sc uninstallScope, w io.
 	if err != nil {
 		return fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST", err)
 	}
-	if !sc.force {
+	if !sc.force && !sc.dryRun {
 		var running []string
 		for _, c := range cs.Items {
 			if c.State == "running" {
@@ -184,12 +184,18 @@ func uninstallImages(ctx context.Context, cli *client.Client, sc uninstallScope,
 		if !ours || (sc.label != "" && im.Labels[key] != val) {
 			continue
 		}
-		left = append(left, im.ID)
 		name := strings.TrimPrefix(im.ID, "sha256:")[:12]
 		if len(im.RepoTags) > 0 {
 			sort.Strings(im.RepoTags)
 			name = strings.Join(im.RepoTags, ", ")
 		}
+		// An image built FROM one of ours inherits its labels: one the
+		// operator named (e.g. a toolchain image, docs/image.md) is theirs.
+		if tag := foreignTag(im.RepoTags); tag != "" {
+			fmt.Fprintf(w, "kept image %s: it is built on a sandbox-mcp image but named by you; remove it with docker rmi if you no longer need it\n", tag)
+			continue
+		}
+		left = append(left, im.ID)
 		names[im.ID] = name
 	}
 	if sc.dryRun {
@@ -222,6 +228,22 @@ func uninstallImages(ctx context.Context, cli *client.Client, sc uninstallScope,
 		}
 	}
 	return errs
+}
+
+// foreignTag returns a tag of tags whose repository is not one the project
+// names its images with (sandbox-mcp, sandbox-mcp-runtime, -test, -agent,
+// -server), or "".
+func foreignTag(tags []string) string {
+	for _, t := range tags {
+		repo := t
+		if i := strings.LastIndex(t, ":"); i > strings.LastIndex(t, "/") {
+			repo = t[:i]
+		}
+		if repo != "sandbox-mcp" && !strings.HasPrefix(repo, "sandbox-mcp-") && !strings.HasSuffix(repo, "/sandbox-mcp") && !strings.Contains(repo, "/sandbox-mcp-") {
+			return t
+		}
+	}
+	return ""
 }
 
 // uninstallState removes what a server makes in dir, then dir if nothing

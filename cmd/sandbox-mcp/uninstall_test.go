@@ -49,6 +49,11 @@ func TestUninstall(t *testing.T) {
 	})
 	docker("FROM "+base+"\nLABEL io.sandbox-mcp.source-hash=uninstall-test "+label+"\n", "build", "-q", "-t", parent, "-")
 	docker("FROM "+parent+"\nLABEL io.sandbox-mcp.runtime=1\n", "build", "-q", "-t", child, "-")
+	// An image of the operator's built on one of ours carries our labels
+	// but a name of its own: it is kept.
+	user := "uninstall-user-test:" + id
+	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", user).Run() })
+	docker("FROM "+base+"\nLABEL io.sandbox-mcp.source-hash=uninstall-test "+label+" owner=operator\n", "build", "-q", "-t", user, "-")
 	docker("", "network", "create", "--internal", "--label", "io.sandbox-mcp=1", "--label", label, netName)
 	docker("", "create", "--label", "io.sandbox-mcp=1", "--label", label, child, "true")
 	docker("", "run", "-d", "--label", "io.sandbox-mcp=1", "--label", label, "--network", netName, child, "sleep", "300")
@@ -86,8 +91,9 @@ func TestUninstall(t *testing.T) {
 	if out.Len() != 0 || len(testenv.Containers(t, cli, "io.sandbox-mcp.test-uninstall", id)) != 2 {
 		t.Fatalf("removed something while refusing:\n%s", out.String())
 	}
-	// A dry run says what it would remove, and removes nothing.
-	sc.force, sc.dryRun = true, true
+	// A dry run says what it would remove, running sandboxes included, and
+	// removes nothing.
+	sc.dryRun = true
 	if err := uninstall(ctx, cli, sc, &out); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +102,7 @@ func TestUninstall(t *testing.T) {
 		t.Fatalf("dry run:\n%s", s)
 	}
 	out.Reset()
-	sc.dryRun = false
+	sc.force, sc.dryRun = true, false
 	if err := uninstall(ctx, cli, sc, &out); err != nil {
 		t.Fatalf("uninstall: %v\n%s", err, out.String())
 	}
@@ -122,6 +128,9 @@ func TestUninstall(t *testing.T) {
 	}
 	if _, err := os.Stat(state); !os.IsNotExist(err) {
 		t.Errorf("state directory still there: %v", err)
+	}
+	if exec.Command("docker", "image", "inspect", user).Run() != nil || !strings.Contains(s, "kept image "+user) {
+		t.Errorf("the operator's image %s was not kept, or not named:\n%s", user, s)
 	}
 	// The base image, which carries no label of the test, is untouched.
 	if exec.Command("docker", "image", "inspect", base).Run() != nil {
