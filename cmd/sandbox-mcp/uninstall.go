@@ -148,7 +148,11 @@ func uninstall(ctx context.Context, cli *client.Client, sc uninstallScope, w io.
 	errs = append(errs, uninstallImages(ctx, cli, sc, verb, w)...)
 
 	if sc.table != "" && !sc.dryRun {
-		if existed, err := engine.RemoveFirewallTable(sc.table); err != nil {
+		if existed, err := engine.RemoveFirewallTable(sc.table); errors.Is(err, os.ErrPermission) {
+			// Only --network=allowlist makes the table, and it needs root
+			// too: a user who never ran it as root has none to remove.
+			fmt.Fprintf(w, "could not look for the nftables table inet %s (%v): if a server ran with --network=allowlist, run this again as root\n", sc.table, err)
+		} else if err != nil {
 			errs = append(errs, err)
 		} else if existed {
 			fmt.Fprintf(w, "removed nftables table inet %s\n", sc.table)
