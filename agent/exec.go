@@ -180,7 +180,7 @@ func (s *server) run(ctx context.Context, c *call, req agentproto.ExecRequest) e
 	if !s.opts.Unprivileged {
 		g, err := s.groups.take()
 		if err != nil {
-			return errcode.Errorf(errcode.Busy, "%v", err)
+			return errcode.Errorf(errcode.Busy, "%w", err)
 		}
 		group = g
 	}
@@ -444,13 +444,13 @@ func startError(name, prog string, err error) error {
 	case errors.Is(err, os.ErrNotExist):
 		return errcode.Errorf(errcode.NotFound, "program %q (%s) does not exist", name, prog)
 	case errors.Is(err, os.ErrPermission):
-		return errcode.Errorf(errcode.InvalidArgument, "program %q (%s) is not executable: %v", name, prog, err)
+		return errcode.Errorf(errcode.InvalidArgument, "program %q (%s) is not executable: %w", name, prog, err)
 	case errors.Is(err, syscall.ENOEXEC):
 		return errcode.Errorf(errcode.InvalidArgument, "program %q (%s) is not a valid executable (a script needs a #! line)", name, prog)
 	case errors.Is(err, syscall.EAGAIN):
 		return errcode.Errorf(errcode.Busy, "the sandbox is at its process limit; wait for running commands to end, or end background processes")
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENOENT):
-		return errcode.Errorf(errcode.NotFound, "cannot start %q: %v", name, err)
+		return errcode.Errorf(errcode.NotFound, "cannot start %q: %w", name, err)
 	}
 	return fmt.Errorf("cannot start %q: %v", name, err)
 }

@@ -114,7 +114,7 @@ func Open(dir string) (*Workspace, error) {
 	}
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil, errcode.Errorf(errcode.NotFound, "open workspace %q: %v", dir, err)
+			return nil, errcode.Errorf(errcode.NotFound, "open workspace %q: %w", dir, err)
 		}
 		return nil, fault("open workspace %q: %v", dir, err)
 	}
