@@ -211,15 +211,18 @@ func (w *Workspace) ReadFile(ctx context.Context, rel string, offset, length, ma
 
 // openRegular opens a file with open, which passes O_NONBLOCK so that a
 // FIFO does not wait for a writer, and keeps it only if it is a regular
-// file: it returns the descriptor, O_NONBLOCK cleared, and its stat. The
-// error of open comes back as it is (a unix.Errno), for the caller to word
-// (a missing file, a symlink); a file that is not regular is closed and
+// file: it returns the descriptor, O_NONBLOCK cleared, and its stat. An
+// errno from open comes back as it is (a unix.Errno), for the caller to
+// word (a missing file, a symlink); a file that is not regular is closed and
 // refused with an *irregular (notRegular's message; st says what it is);
 // other errors are worded for op and rel. Reading, editing, appending and
 // snapshots open files through it.
 func openRegular(open func() (int, error), op, rel string) (int, unix.Stat_t, error) {
 	fd, err := open()
 	if err != nil {
+		if _, ok := err.(unix.Errno); !ok {
+			err = fsError(op, rel, err)
+		}
 		return -1, unix.Stat_t{}, err
 	}
 	st, err := fstat(fd)
