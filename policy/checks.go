@@ -9,12 +9,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
-// Workspace is the absolute path of every sandbox's workspace.
-const Workspace = agentproto.Workspace
+// Workspace is the absolute path of every sandbox's workspace. The agent's
+// protocol names the same path (agentproto.Workspace; a test checks they
+// agree): policy is pure and imports no wire package.
+const Workspace = "/workspace"
 
 // MaxArgv is the most argv items sandbox_exec takes.
 const MaxArgv = 64
@@ -280,8 +281,9 @@ func CheckPattern(pattern string) Decision {
 	return Allowed
 }
 
-// MaxEdits is the most edits one sandbox_edit_file call takes.
-const MaxEdits = agentproto.MaxEdits
+// MaxEdits is the most edits one sandbox_edit_file call takes: as many as
+// one agentproto.EditRequest may carry (a test checks they agree).
+const MaxEdits = 100
 
 // CheckEdits decides whether n edits whose strings take total bytes may be
 // sent in one sandbox_edit_file call: at most MaxEdits of them, and their

@@ -32,22 +32,24 @@ type Deps struct {
 	budget *budget
 }
 
-// Record describes one tool call, for the log and the audit log.
+// Record describes one tool call, for the log and the audit log. It has no
+// wire form of its own: the audit log's line is audit's, which main fills
+// from this.
 type Record struct {
-	Time      time.Time `json:"time"`
-	Caller    string    `json:"caller,omitempty"`
-	Session   string    `json:"session,omitempty"`
-	Sandbox   string    `json:"sandbox,omitempty"`
-	Tool      string    `json:"tool"`
-	ArgDigest string    `json:"arg_digest"`
+	Time      time.Time
+	Caller    string
+	Session   string
+	Sandbox   string
+	Tool      string
+	ArgDigest string
 	// Args are the call's arguments as received; the audit log records
-	// only their keyed digest (audit.Log.Digest).
-	Args     json.RawMessage `json:"-"`
-	Decision string          `json:"decision"` // allow or deny
-	Reason   string          `json:"reason,omitempty"`
-	ExitCode *int            `json:"exit_code,omitempty"`
-	Bytes    int64           `json:"bytes"`
-	Duration float64         `json:"duration_ms"`
+	// only their keyed digest.
+	Args     json.RawMessage
+	Decision string // allow or deny
+	Reason   string
+	ExitCode *int
+	Bytes    int64
+	Duration float64 // milliseconds
 }
 
 // call is the state of one tool call, filled in by its handler and logged

@@ -24,23 +24,23 @@ import (
 )
 
 // bins are the server and agent built for this test run (the server with
-// the race detector when the tests run with -race).
-var bins testenv.Binaries
+// the race detector when the tests run with -race), on the first
+// test that needs them: a `go test -short` run, whose end-to-end tests all
+// skip, builds nothing.
+var bins = testenv.LazyBinaries{WithServer: true, Race: raceEnabled}
+
+// asServerEnv, set to 1 in its environment, makes the test binary run as
+// sandbox-mcp itself (main) instead of running tests, as go-sdk's command
+// tests do: a test that needs the program but no engine runs it without a
+// build.
+const asServerEnv = "SANDBOX_MCP_TEST_AS_SERVER"
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandbox-mcp-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins, err = testenv.Build(dir, true, raceEnabled)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	if os.Getenv(asServerEnv) == "1" {
+		main()
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	bins.Cleanup()
 	os.Exit(code)
 }
 
@@ -144,9 +144,9 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if img == "" {
 		img = testenv.TestImage(t)
 	}
-	args := append([]string{"--image", img, "--state-dir", t.TempDir(), "--agent-bin", bins.Agent,
+	args := append([]string{"--image", img, "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
 		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug"}, o.args...)
-	cmd := exec.Command(bins.Server, args...)
+	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, o.env...)
 	if h := os.Getenv("DOCKER_HOST"); h != "" {
 		cmd.Env = append(cmd.Env, "DOCKER_HOST="+h)
@@ -607,16 +607,29 @@ func TestStdioSecrets(t *testing.T) {
 	}
 }
 
+// thisProgram returns a command that runs sandbox-mcp's main with args:
+// the test binary itself, told by asServerEnv to be the server.
+func thisProgram(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Env = append(os.Environ(), asServerEnv+"=1")
+	return cmd
+}
+
 func TestVersionAndHelp(t *testing.T) {
-	out, err := exec.Command(bins.Server, "version").Output()
+	out, err := thisProgram(t, "version").Output()
 	if err != nil || !strings.HasPrefix(string(out), "sandbox-mcp ") {
 		t.Fatalf("version: %q %v", out, err)
 	}
-	out, err = exec.Command(bins.Server, "--help").Output()
+	out, err = thisProgram(t, "--help").Output()
 	if err != nil || !strings.Contains(string(out), "--max-file-bytes") || !strings.Contains(string(out), "SANDBOX_MCP_MAX_FILE_BYTES") {
 		t.Fatalf("help: %q %v", out, err)
 	}
-	cmd := exec.Command(bins.Server, "--exec", "sometimes")
+	cmd := thisProgram(t, "--exec", "sometimes")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "allow, allowlist, deny") {
@@ -625,7 +638,8 @@ func TestVersionAndHelp(t *testing.T) {
 }
 
 func TestDoctor(t *testing.T) {
-	cmd := exec.Command(bins.Server, "doctor", "--image", testenv.TestImage(t), "--agent-bin", bins.Agent, "--state-dir", t.TempDir())
+	img := testenv.TestImage(t) // skips under -short before the build
+	cmd := exec.Command(bins.Get(t).Server, "doctor", "--image", img, "--agent-bin", bins.Get(t).Agent, "--state-dir", t.TempDir())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("doctor failed: %v\n%s", err, out)
@@ -635,7 +649,7 @@ func TestDoctor(t *testing.T) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
 	}
-	cmd = exec.Command(bins.Server, "doctor", "--image", "sandbox-mcp-no-such-image:0", "--agent-bin", bins.Agent, "--state-dir", t.TempDir())
+	cmd = exec.Command(bins.Get(t).Server, "doctor", "--image", "sandbox-mcp-no-such-image:0", "--agent-bin", bins.Get(t).Agent, "--state-dir", t.TempDir())
 	out, err = cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "FAIL  image sandbox-mcp-no-such-image:0 is not on this engine") || !strings.Contains(string(out), "make image") {
 		t.Fatalf("doctor with a missing image: %v\n%s", err, out)

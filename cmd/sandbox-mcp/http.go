@@ -2,10 +2,9 @@ package main
 
 // The streamable HTTP transport: many clients at once, each MCP session with
 // its own sandbox, safe to put on a network. Every request passes the
-// checks of internal/httpguard (Host, Origin, bearer token, session and call
-// caps, calls of a dropped POST ended) before the go-sdk's handler sees it;
-// this file listens, serves and
-// shuts down.
+// checks of internal/httpguard (Host, Origin, bearer token, session and
+// call caps, calls of a dropped POST ended) before the go-sdk's handler sees
+// it; this file listens, serves and shuts down.
 
 import (
 	"context"
@@ -21,8 +20,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
-	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 

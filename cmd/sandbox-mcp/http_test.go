@@ -23,7 +23,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
@@ -62,7 +62,7 @@ type httpOpts struct {
 // serverArgs are the arguments every test server gets: the test image, a
 // fresh state directory, small sandboxes.
 func serverArgs(t *testing.T) []string {
-	return []string{"--image", testenv.TestImage(t), "--state-dir", t.TempDir(), "--agent-bin", bins.Agent,
+	return []string{"--image", testenv.TestImage(t), "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
 		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug"}
 }
 
@@ -86,7 +86,8 @@ func startHTTP(t *testing.T, o httpOpts) *httpServer {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	cmd := exec.Command(bins.Server, append(append([]string{"--http", addr}, serverArgs(t)...), o.args...)...)
+	args := append(append([]string{"--http", addr}, serverArgs(t)...), o.args...) // skips under -short before the build
+	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = serverEnv(t, o.env...)
 	s := &httpServer{t: t, cmd: cmd, stderr: &syncBuffer{}, cli: testenv.Engine(t), exited: make(chan struct{})}
 	cmd.Stderr = s.stderr
@@ -455,7 +456,8 @@ func nonLoopbackIPv4(t *testing.T) string {
 func TestHTTPNonLoopback(t *testing.T) {
 	ip := nonLoopbackIPv4(t)
 
-	cmd := exec.Command(bins.Server, append([]string{"--http", ip + ":0"}, serverArgs(t)...)...)
+	args := append([]string{"--http", ip + ":0"}, serverArgs(t)...) // skips under -short before the build
+	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = serverEnv(t)
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--token") || strings.Contains(string(out), "serving MCP") {
@@ -634,7 +636,7 @@ func TestHTTPCallers(t *testing.T) {
 	}
 	// The operator checks a digest with the server's key.
 	written := find(func(m map[string]any) bool { return m["tool"] == "sandbox_write_file" && m["sandbox"] == idA })
-	check := exec.Command(bins.Server, "audit", "digest", "--state-dir", stateDir)
+	check := exec.Command(bins.Get(t).Server, "audit", "digest", "--state-dir", stateDir)
 	check.Env = serverEnv(t)
 	check.Stdin = strings.NewReader(`{"content": "alpha", "path": "mine.txt"}` + "\n")
 	if out, err := check.Output(); err != nil || strings.TrimSpace(string(out)) != written["arg_digest"] {

@@ -33,8 +33,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/image"
-	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
@@ -264,7 +264,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 		Logger:     log,
 	}
 	if auditLog != nil {
-		deps.Audit = auditLog.Record
+		deps.Audit = func(r tools.Record) { auditLog.Record(auditTool(r)) }
 	}
 	tools.Register(s, deps)
 	return s

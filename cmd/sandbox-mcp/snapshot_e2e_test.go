@@ -87,7 +87,7 @@ func TestSnapshotRetentionFlags(t *testing.T) {
 
 func sandboxctl(t *testing.T, state string, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(bins.Server, append([]string{"snapshot", args[0], "--state-dir", state}, args[1:]...)...)
+	cmd := exec.Command(bins.Get(t).Server, append([]string{"snapshot", args[0], "--state-dir", state}, args[1:]...)...)
 	cmd.Env = []string{"HOME=" + t.TempDir()}
 	out, err := cmd.CombinedOutput()
 	return string(out), err

@@ -7,6 +7,9 @@
 // readers and writers. It knows nothing of the protocol, of snapshots, of
 // idle timeouts or of MCP: session's state machine drives it through the
 // three calls of Backend and the few of Instance.
+//
+// What the interfaces promise is checked on every backend by the
+// conformance suite in session/backend/backendtest.
 package backend
 
 import (
