@@ -15,7 +15,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
 
