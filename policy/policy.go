@@ -69,7 +69,7 @@ const (
 	NetworkAllowlist NetworkMode = "allowlist" // an internal network and the egress proxy
 )
 
-// Defaults, as the README's policy table lists them.
+// Defaults, as docs/policy.md's table lists them.
 const (
 	DefaultMaxFileBytes      = 8 << 20
 	DefaultMaxOutputBytes    = 32 << 10
@@ -145,7 +145,7 @@ type Policy struct {
 	MaxSessionInflightBytes int64 `json:"max_session_inflight_bytes"`
 }
 
-// Default returns the policy with every default (see the README's policy
+// Default returns the policy with every default (see docs/policy.md's
 // table).
 func Default() Policy {
 	return Policy{

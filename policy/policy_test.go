@@ -16,7 +16,7 @@ func TestDefaultIsValid(t *testing.T) {
 	p := Default()
 	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 32<<10 || p.MaxWorkspaceBytes != 512<<20 ||
 		p.ExecTimeout != time.Minute || p.MaxExecTimeout != 10*time.Minute || p.Memory != 1<<30 || p.CPUs != 1 || p.Pids != 256 || p.Network != NetworkNone {
-		t.Fatalf("defaults differ from the documented ones (README, policy table): %+v", p)
+		t.Fatalf("defaults differ from the documented ones (docs/policy.md, the table): %+v", p)
 	}
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"debug/elf"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -34,6 +36,15 @@ func (r *report) fail(format string, a ...any) {
 // names, and says what to fix. It exits 1 if a check failed; warnings do
 // not fail it.
 func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string) string) int {
+	if len(args) > 0 && args[0] == "help" {
+		doctorUsage(w, getenv)
+		return 0
+	}
+	cfg, err := ParseConfig(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		doctorUsage(w, getenv)
+		return 0
+	}
 	r := &report{w: w}
 	defer func() {
 		if r.failed {
@@ -42,7 +53,6 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 			fmt.Fprintln(w, "\nsandbox-mcp is ready.")
 		}
 	}()
-	cfg, err := ParseConfig(args, getenv)
 	if err != nil {
 		r.fail("configuration: %v", err)
 		return 1

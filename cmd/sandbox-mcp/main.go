@@ -8,6 +8,7 @@
 //	sandbox-mcp --http ADDR    serve streamable HTTP at http://ADDR/mcp
 //	sandbox-mcp doctor [flags] check the engine, the image and the agent
 //	sandbox-mcp image          print the default image's tag (to build on)
+//	sandbox-mcp uninstall      remove everything it made (images, sandboxes, state, firewall table)
 //	sandbox-mcp version        print the version
 //
 // Every flag also reads from SANDBOX_MCP_<NAME> and from the JSON file
@@ -77,12 +78,18 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return auditCmd(args[1:], stdin, stdout, stderr, getenv)
 		case "image":
 			return imageCmd(args[1:], stdout, stderr)
+		case "uninstall":
+			return uninstallCmd(ctx, args[1:], stdout, stderr, getenv)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0
 		}
 	}
 	cfg, err := ParseConfig(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		usage(stdout, getenv)
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox-mcp: %v\n", err)
 		return 2
@@ -137,35 +144,6 @@ func stopReason(ctx context.Context, cfg Config, err error) string {
 		return "the client closed stdin"
 	}
 	return "stopped"
-}
-
-func usage(w io.Writer, getenv func(string) string) {
-	cfg := defaultConfig(getenv)
-	f := newFlagSet(&cfg, getenv)
-	fmt.Fprintf(w, `sandbox-mcp %s: an MCP server that runs code in one hardened Docker container per session.
-
-Usage:
-  sandbox-mcp [flags]         serve MCP over stdio
-  sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
-  sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
-  sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
-  sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
-  sandbox-mcp image           print the default image's tag, to build your own image FROM it
-  sandbox-mcp version         print the version
-
-Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
-JSON file --config names. Flags win over the environment, which wins over the file.
-
-Flags:
-`, buildVersion(), EnvPrefix, EnvVar("max-file-bytes"))
-	f.fs.VisitAll(func(fl *flag.Flag) {
-		typ, use := flag.UnquoteUsage(fl)
-		fmt.Fprintf(w, "  --%s %s\n    \t%s", fl.Name, typ, use)
-		if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" {
-			fmt.Fprintf(w, " (default %s)", fl.DefValue)
-		}
-		fmt.Fprintf(w, " [%s]\n", EnvVar(fl.Name))
-	})
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
