@@ -314,7 +314,7 @@ func TestExecRendering(t *testing.T) {
 		t.Errorf("calls\n%q\nwant\n%q", calls, wantCalls)
 	}
 	wantText := "exit code 3 (12 ms, job j1)\n--- stdout ---\nhi\n--- stderr ---\nbad \uFFFD\n--- hint ---\n" +
-		"exit code 3: the command failed; its stderr usually says why. stderr was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64).\n"
+		"stderr was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64).\n"
 	if got := text(res); got != wantText {
 		t.Errorf("text\n%q\nwant\n%q", got, wantText)
 	}
