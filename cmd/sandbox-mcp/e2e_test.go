@@ -171,11 +171,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	var copts *mcp.ClientSessionOptions
-	if o.protocol != "" {
-		copts = &mcp.ClientSessionOptions{ProtocolVersion: o.protocol}
-	}
-	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, copts)
+	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, copts(o.protocol))
 	if err != nil {
 		t.Fatalf("connect: %v\nserver stderr:\n%s", err, s.stderr)
 	}

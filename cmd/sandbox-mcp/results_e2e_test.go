@@ -98,6 +98,34 @@ func TestTextClientsSeeTheOutput(t *testing.T) {
 	}
 }
 
+// copts asks for protocol version ("": the SDK's).
+func copts(version string) *mcp.ClientSessionOptions {
+	if version == "" {
+		return nil
+	}
+	return &mcp.ClientSessionOptions{ProtocolVersion: version}
+}
+
+// TestHTTPTextClientsSeeTheOutput: over HTTP too, a text client (one that
+// negotiated 2025-03-26) gets the tail of a long stderr in the text and no
+// structured copy, and a structured client gets both.
+func TestHTTPTextClientsSeeTheOutput(t *testing.T) {
+	h := startHTTP(t, httpOpts{})
+	for _, v := range []string{"2025-03-26", "2025-11-25"} {
+		c, err := h.tryConnectAt("", v)
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		res := c.call("sandbox_exec", map[string]any{"command": bigStderr})
+		if txt := text(res); !strings.Contains(txt, "error: THE-LAST-LINE") || strings.Contains(txt, "fields]") {
+			t.Errorf("%s: the text lacks the stderr's tail: %.300q", v, txt)
+		}
+		if (res.StructuredContent == nil) != (v == "2025-03-26") {
+			t.Errorf("%s: structured content %T", v, res.StructuredContent)
+		}
+	}
+}
+
 // TestSnapshotsFoundAgain: a model finds its snapshots through a tool, as
 // a structured and as a text client; sandbox_restore takes an id, a label
 // of one snapshot, or latest; a label two snapshots share is refused with
