@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -50,7 +51,10 @@ func TestTextClientsSeeTheOutput(t *testing.T) {
 				return txt
 			}
 
-			txt := check("exec", s.call("sandbox_exec", map[string]any{"command": bigStderr}), "stderr")
+			res := s.call("sandbox_exec", map[string]any{"command": bigStderr})
+			raw, _ := json.Marshal(res)
+			txt := check("exec", res, "stderr")
+			t.Logf("%s: the exec's text is %d bytes, its whole result %d bytes of JSON", negotiated, len(txt), len(raw))
 			if !strings.Contains(txt, "error: THE-LAST-LINE") || !strings.Contains(txt, "exit code 3") {
 				t.Fatalf("the exec's text lacks the stderr's tail: %.500q", txt)
 			}
