@@ -180,6 +180,10 @@ func WorkspacePath(p string) (string, Decision) {
 	if !utf8.ValidString(p) {
 		return "", Deny(errcode.InvalidArgument, "path is not valid UTF-8")
 	}
+	if strings.HasPrefix(p, "~") {
+		// A model's habit from its own machine: nothing expands ~ here.
+		return "", Deny(errcode.InvalidArgument, "%q starts with ~, which nothing expands here: the workspace is %s; give paths relative to it (src/main.py) or absolute under it (%s/src/main.py)", p, Workspace, Workspace)
+	}
 	rel := p
 	if strings.HasPrefix(p, "/") {
 		c := path.Clean(p)

@@ -199,6 +199,9 @@ func TestWorkspacePath(t *testing.T) {
 		{"ok.txt\x00.png", "", errcode.InvalidArgument},
 		{strings.Repeat("a/", MaxPathBytes), "", errcode.InvalidArgument},
 		{"\xff\xfe", "", errcode.InvalidArgument},
+		{"~", "", errcode.InvalidArgument}, // nothing expands ~: the workspace is /workspace
+		{"~/project/a.py", "", errcode.InvalidArgument},
+		{"a/~b", "a/~b", ""},
 	} {
 		got, d := WorkspacePath(tc.in)
 		if tc.code == "" {
@@ -207,6 +210,8 @@ func TestWorkspacePath(t *testing.T) {
 			}
 		} else if d.Allow || d.Code != tc.code {
 			t.Errorf("WorkspacePath(%q) = %q %v, want %s", tc.in, got, d, tc.code)
+		} else if strings.HasPrefix(tc.in, "~") && !strings.Contains(d.Reason, "the workspace is /workspace") {
+			t.Errorf("WorkspacePath(%q): %q does not say where the workspace is", tc.in, d.Reason)
 		}
 	}
 }

@@ -347,7 +347,7 @@ func (s *Sandbox) Restore(ctx context.Context, id string) (snapshot.Info, Restor
 func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (snapshot.Info, RestoreResult, error) {
 	info, f, err := s.snaps().Open(id)
 	if errors.Is(err, snapshot.ErrNotFound) {
-		return info, RestoreResult{}, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
+		return info, RestoreResult{}, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and sandbox_snapshot with list: true shows yours", id)
 	}
 	if err != nil {
 		return info, RestoreResult{}, err

@@ -56,6 +56,9 @@ func execDef(p policy.Policy) *mcp.Tool {
 	switch p.Exec {
 	case policy.ExecAllowlist:
 		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."
+		if !p.ShellLines() {
+			desc += " argv only; shell lines (command) are refused here."
+		}
 	case policy.ExecDeny:
 		desc += " This server does not run commands; every call is refused."
 	}
@@ -86,6 +89,9 @@ func execInputSchema(p policy.Policy) *jsonschema.Schema {
 		to.Minimum = new(float64(0))
 		to.Maximum = new(float64(p.MaxExecTimeout.Milliseconds()))
 		to.Description += fmt.Sprintf(" Default %d, at most %d.", p.ExecTimeout.Milliseconds(), p.MaxExecTimeout.Milliseconds())
+		if p.Exec == policy.ExecAllowlist && !p.ShellLines() {
+			s.Properties["command"].Description = "Refused here: this server's allowlist has no shell. Use argv."
+		}
 	})
 }
 
@@ -271,7 +277,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	case res.TimedOut:
 		notes = append(notes, timedOut(timeout).Message)
 	default:
-		notes = append(notes, exitMeaning(res.ExitCode, res.Signal))
+		notes = append(notes, exitMeaning(res.ExitCode, res.Signal, len(res.Stderr)+len(res.StderrTail) > 0 || res.StderrOmitted > 0))
 	}
 	if !res.Running {
 		out.ExitCode, out.DurationMS = &res.ExitCode, ptr(res.Duration.Milliseconds())
@@ -299,12 +305,10 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	c.exit = out.ExitCode
 	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
-	// The output travels once where it can (as a read's content does): a
-	// client that shows structured content finds it there, and the text
-	// repeats it only when it is short, for a client older than structured
-	// content, or for an error (clients show an error's text).
-	full := out.TimedOut || textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
-	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out, full)}}}
+	// Every client shows the model one of the two copies, the structured
+	// content or the text, so the text carries the output too (the output
+	// cap bounds both).
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
 	if out.TimedOut {
 		result.SetError(timedOut(timeout)) // the text below starts with it
 	}
@@ -317,9 +321,8 @@ func timedOut(timeout time.Duration) *errcode.Error {
 }
 
 // renderExec is the text a model reads where a client shows the text: a
-// status line, each stream (or, unless full, where to find it), and the
-// hint.
-func renderExec(out ExecOut, full bool) string {
+// status line, each stream, and the hint.
+func renderExec(out ExecOut) string {
 	var b strings.Builder
 	switch {
 	case out.TimedOut:
@@ -342,12 +345,8 @@ func renderExec(out ExecOut, full bool) string {
 			b.WriteByte('\n')
 		}
 	}
-	if full {
-		section("stdout", out.Stdout)
-		section("stderr", out.Stderr)
-	} else {
-		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
-	}
+	section("stdout", out.Stdout)
+	section("stderr", out.Stderr)
 	if out.Hint != "" && !out.TimedOut {
 		b.WriteString("--- hint ---\n" + out.Hint + "\n")
 	}

@@ -40,7 +40,11 @@ func Instructions(v PolicyView, defaultImage string) string {
 	b.WriteString("Files under /workspace last for the session (tool paths are relative to it; sandbox_snapshot keeps them longer); " +
 		"the rest of the filesystem is read-only but a small /tmp. ")
 	if p.Exec != policy.ExecDeny {
-		b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
+		if p.ShellLines() {
+			b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
+		} else {
+			b.WriteString("Each command runs afresh: the working directory and variables do not carry over to the next call, so pass cwd and env. ")
+		}
 		fmt.Fprintf(&b, "A command is killed with everything it started after timeout_ms (default %s, at most %s). ", shortDuration(p.ExecTimeout), shortDuration(p.MaxExecTimeout))
 		if p.MaxCallWait > 0 {
 			fmt.Fprintf(&b, "A call returns within %s: a command still running then goes on as its job (running: true); follow it with sandbox_job wait_ms. ", shortDuration(p.MaxCallWait))
@@ -56,6 +60,9 @@ func Instructions(v PolicyView, defaultImage string) string {
 		b.WriteString("no commands run here; use the file tools. ")
 	case policy.ExecAllowlist:
 		fmt.Fprintf(&b, "only these programs run: %s. ", strings.Join(p.AllowCmds, ", "))
+		if !p.ShellLines() {
+			b.WriteString("argv only; shell lines are refused here. ")
+		}
 	default:
 		b.WriteString("any command may run. ")
 	}

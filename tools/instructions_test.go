@@ -17,11 +17,14 @@ func configs() map[string]PolicyView {
 	deny.Exec, deny.ReadOnly = policy.ExecDeny, true
 	noHosts := policy.Default()
 	noHosts.Network = policy.NetworkAllowlist
+	noShell := policy.Default()
+	noShell.Exec, noShell.AllowCmds = policy.ExecAllowlist, []string{"python3", "/usr/bin/git", "ls"}
 	return map[string]PolicyView{
-		"default":   ViewOf(def, "sandbox-mcp:default", nil),
-		"allowlist": withSecrets(ViewOf(allow, "registry.example/team/toolchain:1.2", []string{"CI=1", "LANG=C.UTF-8"}), SecretView{Name: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}}),
-		"deny":      ViewOf(deny, "sandbox-mcp:default", nil),
-		"no hosts":  ViewOf(noHosts, "sandbox-mcp:default", nil),
+		"allowlist without a shell": ViewOf(noShell, "sandbox-mcp:default", nil),
+		"default":                   ViewOf(def, "sandbox-mcp:default", nil),
+		"allowlist":                 withSecrets(ViewOf(allow, "registry.example/team/toolchain:1.2", []string{"CI=1", "LANG=C.UTF-8"}), SecretView{Name: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}}),
+		"deny":                      ViewOf(deny, "sandbox-mcp:default", nil),
+		"no hosts":                  ViewOf(noHosts, "sandbox-mcp:default", nil),
 	}
 }
 
@@ -45,7 +48,11 @@ func TestInstructionsFollowTheConfig(t *testing.T) {
 		"allowlist": {
 			has: []string{"registry.example/team/toolchain:1.2", "ls /usr/local/bin", "reaches only pypi.org:443, files.pythonhosted.org:443, registry.npmjs.org:443, *.github.com:443", "only these programs run: ls, cat, python3", "Set for every command: CI, LANG",
 				"$GITHUB_TOKEN is the credential for api.github.com, github.com"},
-			hasNot: []string{"python3 with pip", "no network", "C.UTF-8"},
+			hasNot: []string{"python3 with pip", "no network", "C.UTF-8", "shell lines are refused"},
+		},
+		"allowlist without a shell": {
+			has:    []string{"only these programs run: python3, /usr/bin/git, ls. argv only; shell lines are refused here."},
+			hasNot: []string{"shell line (command)"},
 		},
 		"deny": {
 			has:    []string{"no commands run here", "workspace is read-only"},
@@ -66,6 +73,24 @@ func TestInstructionsFollowTheConfig(t *testing.T) {
 		}
 		if strings.Contains(got, " \n") || strings.HasSuffix(got, " ") {
 			t.Errorf("%s: trailing space:\n%q", name, got)
+		}
+	}
+}
+
+// TestExecSaysArgvOnlyWithoutAShell: under an allowlist without a shell,
+// sandbox_exec's description and its command argument say that shell lines
+// are refused; with one, they do not.
+func TestExecSaysArgvOnlyWithoutAShell(t *testing.T) {
+	for name, want := range map[string]bool{"allowlist without a shell": true, "allowlist": false, "default": false} {
+		for _, tool := range listTools(t, configs()[name].Policy) {
+			if tool.Name != NameExec {
+				continue
+			}
+			desc := tool.Description
+			cmd := tool.InputSchema.(map[string]any)["properties"].(map[string]any)["command"].(map[string]any)["description"].(string)
+			if strings.Contains(desc, "argv only; shell lines (command) are refused here") != want || strings.Contains(cmd, "Refused here") != want {
+				t.Errorf("%s: description %q, command %q; want shell lines refused: %v", name, desc, cmd, want)
+			}
 		}
 	}
 }

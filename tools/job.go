@@ -160,7 +160,7 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 		notes = append(notes, fmt.Sprintf("Job %s was ended by %s (exit code %d)", in.Job, st.Signal, st.ExitCode))
 	default:
 		notes = append(notes, fmt.Sprintf("Job %s exited with code %d", in.Job, st.ExitCode))
-		notes = append(notes, exitMeaning(st.ExitCode, ""))
+		notes = append(notes, exitMeaning(st.ExitCode, "", st.StderrBytes > 0))
 	}
 	if more := (st.StdoutBytes - out.StdoutOffset) + (st.StderrBytes - out.StderrOffset); more > 0 {
 		notes = append(notes, fmt.Sprintf("%d more bytes of output are kept: call again to read on (stdout_offset %d, stderr_offset %d)", more, out.StdoutOffset, out.StderrOffset))
@@ -181,8 +181,7 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 		notes = append(notes, longLog)
 	}
 	out.Hint = joinHints(notes...)
-	full := textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out, full)}}}, out, nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
 }
 
 func jobEntry(j session.JobInfo) JobEntry {
@@ -212,20 +211,17 @@ func renderJobs(out JobOut) string {
 	return b.String()
 }
 
-// renderJob is the text of a job result; unless full, the output is only
-// in the structured result (see renderExec).
-func renderJob(out JobOut, full bool) string {
+// renderJob is the text of a job result: its state, the output read and
+// the hint, as the structured result has them (see renderExec).
+func renderJob(out JobOut) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s %s", out.Job, out.State)
 	if out.ExitCode != nil {
 		fmt.Fprintf(&b, " (exit code %d)", *out.ExitCode)
 	}
 	fmt.Fprintf(&b, "; stdout_offset %d, stderr_offset %d\n", out.StdoutOffset, out.StderrOffset)
-	if !full {
-		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
-	}
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
-		if s.text == "" || !full {
+		if s.text == "" {
 			continue
 		}
 		fmt.Fprintf(&b, "--- %s ---\n%s", s.name, s.text)

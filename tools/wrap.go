@@ -30,6 +30,9 @@ type Deps struct {
 	// budget bounds the memory of calls in flight, from Policy's
 	// MaxInflightBytes and MaxSessionInflightBytes; All makes it.
 	budget *budget
+	// versions are the protocol versions sessions negotiated; All makes
+	// it.
+	versions *versions
 }
 
 // Record describes one tool call, for the log and the audit log. It has no
@@ -78,8 +81,9 @@ const CodeRequestCancelled = -32800
 //     touches no sandbox: a refused call makes none.
 //  2. The wrapper resolves the sandbox the call runs in: the session's own,
 //     or the one named in its sandbox argument (In.target). A tool that
-//     works in no sandbox (deleting a snapshot) marks its input with an
-//     inNoSandbox method: none is resolved, none is made, and run gets nil.
+//     works in no sandbox (deleting or listing snapshots) says so with its
+//     input's inNoSandbox method: none is resolved, none is made, and run
+//     gets nil.
 //  3. run reserves the memory the call holds, asks policy what only the
 //     sandbox can tell (which program an allowlisted name resolves to),
 //     calls the sandbox and renders: it returns the output and, when
@@ -136,7 +140,7 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 			return nil, none, err
 		}
 		var sb Sandbox
-		if _, sandboxless := any(in).(interface{ inNoSandbox() }); !sandboxless {
+		if ns, ok := any(in).(interface{ inNoSandbox() bool }); !ok || !ns.inNoSandbox() {
 			if sb, err = d.Sessions.sandbox(c, in.target()); err != nil {
 				return nil, none, err
 			}
@@ -211,7 +215,12 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		if _, none := any(out).(noOutput); none {
 			return res, nil, nil // a tool without an output schema
 		}
-		res.StructuredContent = out
+		if !d.textOnly(req) {
+			// A client that negotiated a version without structured
+			// content reads the text alone: the copy would be bytes sent
+			// for nothing.
+			res.StructuredContent = out
+		}
 		if res.Content == nil {
 			// As the SDK does for a typed output: the JSON as text too.
 			b, err := json.Marshal(out)

@@ -111,6 +111,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&p.ExecTimeout, "exec-timeout", p.ExecTimeout, "default timeout of a command")
 	fs.DurationVar(&p.MaxExecTimeout, "max-exec-timeout", p.MaxExecTimeout, "ceiling for a command's timeout_ms")
 	fs.DurationVar(&p.MaxCallWait, "max-call-wait", p.MaxCallWait, "longest a foreground sandbox_exec waits: past it the call returns running: true and the command goes on as its job, its timeout kept (0: wait for the command; clients cap a call at about 60s)")
+	fs.Int64Var(&p.MaxImagePixels, "max-image-pixels", p.MaxImagePixels, "largest image sandbox_view_image returns, in pixels (width × height); a larger one is refused with how to scale it down")
 	fs.Var(&bytesValue{&p.Memory}, "memory", "memory limit of a sandbox, swap included (`bytes`)")
 	fs.Float64Var(&p.CPUs, "cpus", p.CPUs, "CPU limit of a sandbox")
 	fs.Int64Var(&p.Pids, "pids", p.Pids, "process limit of a sandbox")

@@ -250,3 +250,28 @@ func TestMaxCallWaitFlag(t *testing.T) {
 		t.Fatalf("10ms: %v", err)
 	}
 }
+
+// TestMaxImagePixelsFlag: --max-image-pixels is 40 megapixels by default
+// and is set like every flag, from the file, the environment or the
+// command line; 0 is refused.
+func TestMaxImagePixelsFlag(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseConfig(nil, envFrom(map[string]string{"HOME": dir}))
+	if err != nil || cfg.Policy.MaxImagePixels != 40_000_000 {
+		t.Fatalf("default: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	file := filepath.Join(dir, "c.json")
+	os.WriteFile(file, []byte(`{"max-image-pixels": 1000000}`), 0o600)
+	if cfg, err = ParseConfig([]string{"--config", file}, envFrom(map[string]string{"HOME": dir})); err != nil || cfg.Policy.MaxImagePixels != 1_000_000 {
+		t.Fatalf("from the file: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	if cfg, err = ParseConfig(nil, envFrom(map[string]string{"HOME": dir, "SANDBOX_MCP_MAX_IMAGE_PIXELS": "2000000"})); err != nil || cfg.Policy.MaxImagePixels != 2_000_000 {
+		t.Fatalf("from the environment: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	if cfg, err = ParseConfig([]string{"--max-image-pixels", "3000000"}, envFrom(map[string]string{"HOME": dir})); err != nil || cfg.Policy.MaxImagePixels != 3_000_000 {
+		t.Fatalf("from the flag: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	if _, err = ParseConfig([]string{"--max-image-pixels", "0"}, envFrom(map[string]string{"HOME": dir})); err == nil || !strings.Contains(err.Error(), "--max-image-pixels") {
+		t.Fatalf("0: %v", err)
+	}
+}

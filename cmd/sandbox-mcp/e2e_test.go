@@ -134,6 +134,8 @@ type serverOpts struct {
 	env      []string
 	progress func(*mcp.ProgressNotificationClientRequest)
 	image    string
+	// protocol is the MCP version the client asks for ("": the SDK's).
+	protocol string
 }
 
 // startServer runs the built binary with the test image and a fresh state
@@ -169,7 +171,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, nil)
+	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, copts(o.protocol))
 	if err != nil {
 		t.Fatalf("connect: %v\nserver stderr:\n%s", err, s.stderr)
 	}

@@ -170,7 +170,10 @@ func (s *httpServer) connect(token string) *server {
 	return c
 }
 
-func (s *httpServer) tryConnect(token string) (*server, error) {
+func (s *httpServer) tryConnect(token string) (*server, error) { return s.tryConnectAt(token, "") }
+
+// tryConnectAt is tryConnect asking for protocol version ("": the SDK's).
+func (s *httpServer) tryConnectAt(token, version string) (*server, error) {
 	hc := &http.Client{Transport: http.DefaultTransport}
 	if token != "" {
 		hc.Transport = bearer{token, http.DefaultTransport}
@@ -180,7 +183,7 @@ func (s *httpServer) tryConnect(token string) (*server, error) {
 	c := &server{t: s.t, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
 	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) { c.progressed(r) }}
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, opts).
-		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, nil)
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, copts(version))
 	if err != nil {
 		return nil, err
 	}
