@@ -16,7 +16,7 @@ var flagGroups = []struct {
 }{
 	{"Sandbox and policy", []string{
 		"config", "exec", "allow-cmd", "read-only", "image", "agent-bin", "env", "workspace-from",
-		"exec-timeout", "max-exec-timeout", "max-call-wait", "max-file-bytes", "max-output-bytes",
+		"exec-timeout", "max-exec-timeout", "max-call-wait", "max-file-bytes", "max-output-bytes", "max-image-pixels",
 		"max-job-output-bytes", "max-workspace-bytes", "memory", "cpus", "pids", "max-jobs",
 		"idle-timeout", "warm", "runtime", "seccomp-profile",
 	}},
