@@ -23,6 +23,7 @@ type slowBody struct {
 	sent atomic.Int64 // body bytes written
 	done chan struct{}
 	resp *http.Response // the server's answer, once done is closed; nil if none
+	err  error          // why there is none
 }
 
 func openSlowBody(t *testing.T, s *httpServer, hdr http.Header, length int64, pace time.Duration) *slowBody {
@@ -47,6 +48,7 @@ func openSlowBody(t *testing.T, s *httpServer, hdr http.Header, length int64, pa
 			io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 			b.resp = resp
 		}
+		b.err = err
 	}()
 	go func() {
 		if _, err := io.WriteString(conn, head.String()); err != nil {
@@ -83,6 +85,14 @@ func isTimeout(err error) bool {
 
 // answered returns the server's answer if one came within d.
 func (b *slowBody) answered(d time.Duration) *http.Response {
+	if d == 0 {
+		select {
+		case <-b.done:
+			return b.resp
+		default:
+			return nil
+		}
+	}
 	select {
 	case <-b.done:
 		return b.resp
@@ -171,6 +181,9 @@ func TestHTTPSlowBodiesStayInTheBound(t *testing.T) {
 		sent += sb.sent.Load()
 		resp := sb.answered(0)
 		if resp == nil {
+			if sb.err != nil {
+				t.Errorf("a body got no answer: %v", sb.err)
+			}
 			pending++
 			continue
 		}
