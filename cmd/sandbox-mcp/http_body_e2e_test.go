@@ -116,7 +116,8 @@ func TestHTTPSlowBodiesStayInTheBound(t *testing.T) {
 	s := startHTTP(t, httpOpts{bin: plainServer(t), args: []string{"--token", tokenA, "--token", tokenB,
 		"--max-inflight-bytes", fmt.Sprint(inflight), "--max-session-inflight-bytes", fmt.Sprint(share), "--log-level", "info"}})
 	b := s.connect(tokenB)
-	b.ok(tools.NameExec, map[string]any{"argv": []string{"true"}}) // B's sandbox is up
+	// B's sandbox is up, with a file whose whole read reserves 107 MiB.
+	b.ok(tools.NameExec, map[string]any{"argv": []string{"sh", "-c", "head -c 8388608 /dev/zero | tr '\\0' a > text"}})
 	a := s.initialize(bearerHeader(tokenA))
 
 	pid := s.cmd.Process.Pid
@@ -168,10 +169,14 @@ func TestHTTPSlowBodiesStayInTheBound(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	// Another caller's call succeeds meanwhile.
+	// Another caller's calls succeed meanwhile, a large read included:
+	// A's bodies hold at most one session's share of the budget.
 	out := b.ok(tools.NameExec, map[string]any{"argv": []string{"echo", "still here"}})
 	if !strings.Contains(fmt.Sprint(out["stdout"]), "still here") {
 		t.Errorf("B's exec during the load: %v", out)
+	}
+	if res := b.call(tools.NameReadFile, map[string]any{"path": "text", "byte_length": 8 << 20}); res.IsError {
+		t.Errorf("B's 8 MiB read during the load: %.300s", text(res))
 	}
 
 	status := map[int]int{}
