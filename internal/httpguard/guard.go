@@ -3,10 +3,13 @@
 // network.
 //
 // A request to /mcp passes, in order: the Host allowlist (403), the Origin
-// allowlist (403), the bearer token (401), then, for a request that may open
-// a session, the session caps (503 for --max-sessions, 429 for
-// --max-sessions-per-caller), and for a DELETE, the removal of the session's
-// sandbox, before the go-sdk's handler sees it. Inside the SDK, a caller's
+// allowlist (403), the bearer token (401), a session id this process holds
+// (404, the body unread), for a POST the admission of its body into the
+// server's in-flight memory budget before it is read (413, 429, 503; see
+// body.go), then, for a request that may open a session, the session caps
+// (503 for --max-sessions, 429 for --max-sessions-per-caller), and for a
+// DELETE, the removal of the session's sandbox, before the go-sdk's handler
+// sees it. Inside the SDK, a caller's
 // tool calls and resource reads in flight are capped
 // (--max-calls-per-caller), and the calls a POST carried end when its
 // client drops it (see abandon.go). /healthz answers probes without any of
