@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
@@ -249,5 +252,92 @@ func TestHTTPUnknownSessionRefusedBeforeItsBody(t *testing.T) {
 			t.Errorf("%s: %d after %d of %d body bytes, want %d before the body was sent", tc.name, resp.StatusCode, sent, tc.length, tc.want)
 		}
 		t.Logf("%s: %d after %d of %d body bytes", tc.name, resp.StatusCode, sent, tc.length)
+	}
+}
+
+// One caller cannot starve another of the in-flight budget. Caller A,
+// alone, fills the budget with commands whose large stdin (arguments)
+// stays reserved while they run; B's read is refused once. From then on A
+// cannot take back what it gives up (while B asks, A may hold only its fair
+// share), so B's retry gets the room. Before, A's next call took the room
+// back each time, and B never got it.
+func TestHTTPInflightBudgetIsFairBetweenCallers(t *testing.T) {
+	const (
+		share    = 110 << 20 // at least the largest call at the default file cap (107 MiB)
+		inflight = 200 << 20 // A's fair share beside B: max(100, 110) MiB
+	)
+	s := startHTTP(t, httpOpts{args: []string{"--token", tokenA, "--token", tokenB, "--max-sessions", "48",
+		"--max-sessions-per-caller", "24", "--max-calls-per-caller", "48", "--max-jobs", "32",
+		"--max-inflight-bytes", fmt.Sprint(inflight), "--max-session-inflight-bytes", fmt.Sprint(share), "--log-level", "info"}})
+	b := s.connect(tokenB)
+	b.ok(tools.NameExec, map[string]any{"argv": []string{"sh", "-c", "echo hi > small"}})
+	readSmall := map[string]any{"path": "small"}
+	if res := b.call(tools.NameReadFile, readSmall); res.IsError {
+		t.Fatalf("B's read alone: %s", text(res))
+	}
+	a := s.connect(tokenA)
+	sandbox := a.ok(tools.NameExec, map[string]any{"argv": []string{"sh", "-c", "echo hi > small"}})["sandbox"].(string)
+
+	// hold runs `sleep 60` with stdin of size bytes in A's sandbox, from a
+	// session of its own, and reports whether it is still running (holding
+	// its memory) after the wait a refused call or body gets.
+	type hold struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	var holds []hold
+	defer func() {
+		for _, h := range holds {
+			h.cancel()
+		}
+	}()
+	startHold := func(size int) bool {
+		sess, err := s.tryConnect(tokenA)
+		if err != nil {
+			return false // its initialize found no room either
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			sess.cs.CallTool(ctx, &mcp.CallToolParams{Name: tools.NameExec, Arguments: map[string]any{
+				"argv": []string{"sleep", "60"}, "stdin": strings.Repeat("a", size), "sandbox": sandbox}})
+		}()
+		select {
+		case <-done:
+			cancel()
+			return false
+		case <-time.After(2500 * time.Millisecond):
+			holds = append(holds, hold{cancel, done})
+			return true
+		}
+	}
+	busy := func(res *mcp.CallToolResult) bool { return res.IsError && strings.HasPrefix(text(res), "BUSY: ") }
+
+	// A, alone, fills the budget: commands with 5 MiB of stdin until one
+	// does not fit, then smaller ones, until its own small read does not
+	// fit.
+	for _, size := range []int{5 << 20, 1 << 20, 256 << 10} {
+		for len(holds) < 20 && startHold(size) {
+		}
+	}
+	if res := a.call(tools.NameReadFile, readSmall); !busy(res) {
+		t.Fatalf("A's %d commands did not fill the budget: A's own read got %.200s", len(holds), text(res))
+	}
+	if res := b.call(tools.NameReadFile, readSmall); !busy(res) {
+		t.Fatalf("B's read while A fills the budget: want BUSY, got %.200s", text(res))
+	}
+	// A ends its first command and at once starts another like it.
+	holds[0].cancel()
+	<-holds[0].done
+	time.Sleep(time.Second) // the dropped call ends and gives its memory back
+	refilled := startHold(5 << 20)
+	res := b.call(tools.NameReadFile, readSmall)
+	t.Logf("A filled the budget with %d commands; B was refused once; A's next command ran: %v; B's retry: %.200s", len(holds), refilled, text(res))
+	if res.IsError {
+		t.Fatalf("B's read after A gave memory back: %.300s", text(res))
+	}
+	if refilled {
+		t.Errorf("A took back the memory B was waiting for")
 	}
 }
