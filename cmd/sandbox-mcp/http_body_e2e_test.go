@@ -266,7 +266,9 @@ func TestHTTPInflightBudgetIsFairBetweenCallers(t *testing.T) {
 		share    = 110 << 20 // at least the largest call at the default file cap (107 MiB)
 		inflight = 200 << 20 // A's fair share beside B: max(100, 110) MiB
 	)
-	s := startHTTP(t, httpOpts{args: []string{"--token", tokenA, "--token", tokenB, "--max-sessions", "48",
+	// The server without the race detector: a refused call must come back
+	// well within the wait below.
+	s := startHTTP(t, httpOpts{bin: plainServer(t), args: []string{"--token", tokenA, "--token", tokenB, "--max-sessions", "48",
 		"--max-sessions-per-caller", "24", "--max-calls-per-caller", "48", "--max-jobs", "32",
 		"--max-inflight-bytes", fmt.Sprint(inflight), "--max-session-inflight-bytes", fmt.Sprint(share), "--log-level", "info"}})
 	b := s.connect(tokenB)
@@ -280,7 +282,7 @@ func TestHTTPInflightBudgetIsFairBetweenCallers(t *testing.T) {
 
 	// hold runs `sleep 60` with stdin of size bytes in A's sandbox, from a
 	// session of its own, and reports whether it is still running (holding
-	// its memory) after the wait a refused call or body gets.
+	// its memory) well after the 2 s a refused body waits.
 	type hold struct {
 		cancel context.CancelFunc
 		done   chan struct{}
@@ -307,7 +309,7 @@ func TestHTTPInflightBudgetIsFairBetweenCallers(t *testing.T) {
 		case <-done:
 			cancel()
 			return false
-		case <-time.After(2500 * time.Millisecond):
+		case <-time.After(4 * time.Second):
 			holds = append(holds, hold{cancel, done})
 			return true
 		}
