@@ -13,7 +13,10 @@ type Tool struct {
 // All returns every tool, bound to d.
 func All(d *Deps) []Tool {
 	if d.budget == nil {
-		d.budget = newBudget(d.Policy.MaxInflightBytes, d.Policy.MaxSessionInflightBytes)
+		if d.Memory == nil {
+			d.Memory = NewMemory(d.Policy)
+		}
+		d.budget = d.Memory.b
 	}
 	if d.versions == nil {
 		d.versions = newVersions()

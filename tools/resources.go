@@ -130,7 +130,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 			// The archive is read once, into a buffer of its size, under a
 			// reservation of what it and its base64 in the response take,
 			// counted against the server and the reading session.
-			r, err := d.budget.reserve(ctx, budgetKey(req.Session), policy.ResourceReserve(size), reserveWait)
+			r, err := d.budget.reserveFor(ctx, d.budgetKey(req), policy.ResourceReserve(size), reserveWait)
 			if err != nil {
 				return nil, resourceError(memoryError(err, ""))
 			}

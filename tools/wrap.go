@@ -27,6 +27,10 @@ type Deps struct {
 	// progressBeat, if set, replaces defaultProgressBeat (tests).
 	progressBeat time.Duration
 
+	// Memory, if set, is the budget the tools share with the HTTP
+	// transport; All makes one of Policy's sizes otherwise.
+	Memory *Memory
+
 	// budget bounds the memory of calls in flight, from Policy's
 	// MaxInflightBytes and MaxSessionInflightBytes; All makes it.
 	budget *budget

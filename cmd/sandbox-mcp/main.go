@@ -242,7 +242,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 
 // newServer builds the MCP server with every tool and resource; auditLog, if
 // not nil, gets a record per tool call.
-func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
+func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *tools.Memory, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
 	for _, sec := range cfg.Secrets {
 		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
@@ -261,6 +261,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 		Policy:     cfg.Policy,
 		PolicyView: view,
 		Sessions:   sessions,
+		Memory:     mem,
 		Logger:     log,
 	}
 	if auditLog != nil {
@@ -283,7 +284,7 @@ func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writ
 	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
-	server := newServer(cfg, m, sessions, log, auditLog)
+	server := newServer(cfg, m, sessions, nil, log, auditLog)
 
 	// On a signal, end the calls in flight first: the SDK waits for them.
 	closed := make(chan error, 1)
