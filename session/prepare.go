@@ -64,12 +64,13 @@ type PrepareStatus struct {
 // Progress says, in a line, what is being prepared and for how long: for
 // the progress notifications of a call that waits for it.
 func (s PrepareStatus) Progress() string {
-	msg := fmt.Sprintf("%s, %s so far", s.Step.What, roundSecond(time.Since(s.Since)))
+	msg := s.Step.What
 	if s.Step.Why != "" {
-		msg = fmt.Sprintf("%s (%s), %s so far", s.Step.What, s.Step.Why, roundSecond(time.Since(s.Since)))
+		msg += ", because " + s.Step.Why
 	}
+	msg += fmt.Sprintf(": %s so far", roundSecond(time.Since(s.Since)))
 	if s.Step.Usually != "" {
-		msg += "; " + s.Step.Usually
+		msg += ", " + s.Step.Usually
 	}
 	return msg
 }
@@ -213,7 +214,7 @@ func failedPreparation(s PrepareStatus) error {
 func stillPreparing(s PrepareStatus, waited time.Duration) error {
 	what := s.Step.What
 	if s.Step.Why != "" {
-		what += " (" + s.Step.Why + ")"
+		what += ", because " + s.Step.Why + ","
 	}
 	usually := ""
 	if s.Step.Usually != "" {

@@ -101,7 +101,7 @@ func TestPreparationRunsInTheBackground(t *testing.T) {
 		}
 	}
 	mu.Lock()
-	if len(beats) < 3 || !strings.Contains(beats[0], "building the sandbox image (the agent changed since the last start), 0s so far; usually 1-3 min") {
+	if len(beats) < 3 || !strings.Contains(beats[0], "building the sandbox image, because the agent changed since the last start: 0s so far, usually 1-3 min") {
 		t.Errorf("progress while waiting: %q, want one at once and one every 100ms", beats)
 	}
 	mu.Unlock()

@@ -219,7 +219,7 @@ func (p imagePlan) what() string {
 // since a runtime image of the same base was last built.
 func whyBuild(ctx context.Context, cli Engine, p imagePlan) string {
 	if p.seed != nil {
-		return "the --workspace-from content is new to this engine (a read-only workspace carries it in its image)"
+		return "the --workspace-from content is new to this engine, and a read-only workspace carries it in its image"
 	}
 	res, err := cli.ImageList(ctx, client.ImageListOptions{Filters: make(client.Filters).
 		Add("label", LabelRuntime+".base="+p.base).Add("label", LabelRuntime+".agent")})
