@@ -159,13 +159,18 @@ func startServer(t *testing.T, o serverOpts) *server {
 		}
 		s.progressed(r)
 	}})
-	// The server answers once its runtime image (the image plus the agent)
-	// exists. For a large image such as the default one, making it commits
-	// layers, which takes minutes on an engine without a native overlay diff
-	// (fuse-overlayfs).
+	// The server answers at once and prepares its sandboxes in the
+	// background; a large image such as the default one may take minutes
+	// to prepare on a loaded engine (a probe container of it, a seed image
+	// built from it), longer than a call waits: prepare it first, as
+	// `make run` does.
 	connectTimeout := 60 * time.Second
 	if o.image != "" {
-		connectTimeout = 10 * time.Minute
+		prep := exec.Command(bins.Server, append([]string{"prepare"}, args...)...)
+		prep.Env = cmd.Env
+		if out, err := prep.CombinedOutput(); err != nil {
+			t.Fatalf("sandbox-mcp prepare: %v\n%s", err, out)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()

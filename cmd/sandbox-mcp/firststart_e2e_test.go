@@ -304,3 +304,53 @@ func TestFirstStartMCPGo(t *testing.T) {
 		t.Fatalf("progress of the first call: %q", progress)
 	}
 }
+
+// TestPrepareThenStart: `sandbox-mcp prepare` (what `make run` runs first)
+// returns once everything is prepared, here an image for a new agent and a
+// new seed, so a server started next with the same flags builds nothing:
+// its first call hears of no preparation.
+func TestPrepareThenStart(t *testing.T) {
+	cli := testenv.Engine(t)
+	args, readme := firstStartArgs(t, engine.AgentMountImage, true)
+	prep := exec.Command(bins.Server, append([]string{"prepare"}, args...)...)
+	prep.Env = serverEnv(t)
+	out, err := prep.CombinedOutput()
+	t.Cleanup(func() { removeBuiltImages(cli, string(out)) })
+	if err != nil || !strings.Contains(string(out), "sandboxes prepared in") || !strings.Contains(string(out), "building the sandbox image") {
+		t.Fatalf("prepare: %v\n%s", err, out)
+	}
+	s := startServer(t, serverOpts{args: args[len(serverArgs(t)):]})
+	var mu sync.Mutex
+	var progress []string
+	s.mu.Lock()
+	s.onProgress = map[any]func(string){"after-prepare": func(msg string) {
+		mu.Lock()
+		progress = append(progress, msg)
+		mu.Unlock()
+	}}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Meta: mcp.Meta{"progressToken": "after-prepare"},
+		Arguments: map[string]any{"argv": []string{"cat", "README"}}})
+	if err != nil || res.IsError {
+		t.Fatalf("the first call: %v %s", err, text(res))
+	}
+	m, _ := res.StructuredContent.(map[string]any)
+	s.mu.Lock()
+	s.sandboxes[m["sandbox"].(string)] = true
+	s.mu.Unlock()
+	if m["stdout"] != readme {
+		t.Fatalf("the first call's output: %v", m)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, msg := range progress {
+		if strings.Contains(msg, "building") {
+			t.Errorf("the server built something after prepare: %q", msg)
+		}
+	}
+	if strings.Contains(s.stderr.String(), "building the") {
+		t.Errorf("the server's log says it built something after prepare")
+	}
+}

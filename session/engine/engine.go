@@ -241,11 +241,17 @@ func LocalEngine(host string) bool {
 // per agent, and returns the copy's path: the file bind-mounted into the
 // sandboxes never changes under them, whatever is rebuilt at the agent's
 // own path meanwhile.
+//
+// Copies no server used for AgentKeep are removed (a server marks its copy
+// used at its start and at each sandbox's), so the directory holds the
+// agents of the last weeks, not of every build ever made.
 func installAgent(dir string, agent agentBinary) (string, error) {
 	sub := filepath.Join(dir, agent.digest[:32])
 	path := filepath.Join(sub, "sandbox-agent")
+	defer pruneAgents(dir, sub)
 	if data, err := os.ReadFile(path); err == nil {
 		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) == agent.digest {
+			touch(path)
 			return path, nil
 		}
 		os.Remove(path) // a torn copy: made again below
@@ -272,6 +278,41 @@ func installAgent(dir string, agent agentBinary) (string, error) {
 		return "", fmt.Errorf("install the agent for bind mounts: %w", err)
 	}
 	return path, nil
+}
+
+// AgentKeep is how long a copy of the agent for bind mounts is kept after
+// a server last used it.
+const AgentKeep = 30 * 24 * time.Hour
+
+// touch marks a copy of the agent used now.
+func touch(path string) {
+	now := time.Now()
+	_ = os.Chtimes(path, now, now)
+}
+
+// pruneAgents removes the copies of the agent in dir, but keep, that no
+// server used for AgentKeep.
+func pruneAgents(dir, keep string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		sub := filepath.Join(dir, e.Name())
+		if !e.IsDir() || sub == keep {
+			continue
+		}
+		st, err := os.Stat(filepath.Join(sub, "sandbox-agent"))
+		if err != nil {
+			// Another server may be installing it: judge by the
+			// directory's own time.
+			st, err = e.Info()
+		}
+		if err != nil || time.Since(st.ModTime()) < AgentKeep {
+			continue
+		}
+		os.RemoveAll(sub)
+	}
 }
 
 // probeMount creates (and removes, never starting it) a container that
@@ -452,6 +493,9 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 	d.mu.Lock()
 	img, agentMount := d.image, d.agentMount
 	d.mu.Unlock()
+	if agentMount != "" {
+		touch(agentMount) // in use: not pruned by another server's start
+	}
 	opts := ContainerSpec(ContainerParams{
 		Name:              name,
 		Image:             img,
