@@ -48,6 +48,7 @@ k8s-images: ## build the agent image and load it and the sandbox images into the
 
 .PHONY: run
 run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
+	$(BIN)/sandbox-mcp prepare $(ARGS)
 	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2
 	$(BIN)/sandbox-mcp $(ARGS)
 

@@ -29,6 +29,11 @@ type instance struct {
 // startInstance starts instance number gen of the sandbox with the given id
 // and waits for its agent. On failure nothing is left behind.
 func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
+	// A tool call waited already, with progress and within its budget;
+	// this covers every other start (the warm pool, the doctor).
+	if err := m.prep.wait(ctx, 0, 0, nil); err != nil {
+		return nil, err
+	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
 	defer cancel()

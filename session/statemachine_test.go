@@ -40,8 +40,8 @@ func newFakeBackend(t *testing.T) *fakeBackend {
 	return &fakeBackend{dir: t.TempDir()}
 }
 
-func (b *fakeBackend) Prepare(context.Context) error { return nil }
-func (b *fakeBackend) Sweep(context.Context) error   { return nil }
+func (b *fakeBackend) Prepare(context.Context, func(backend.Step)) error { return nil }
+func (b *fakeBackend) Sweep(context.Context) error                       { return nil }
 
 func (b *fakeBackend) Start(ctx context.Context, spec backend.InstanceSpec) (backend.Instance, error) {
 	if err := ctx.Err(); err != nil {

@@ -213,7 +213,12 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	if !in.Background {
 		// Clients cap a whole call (about 60 s): past this the command
 		// goes on as its job, and the result says how to follow it.
+		// The time the call waited for sandboxes to be prepared is
+		// part of it.
 		req.MaxWait = p.MaxCallWait
+		if p.MaxCallWait > 0 && c.waited > 0 {
+			req.MaxWait = max(p.MaxCallWait-c.waited, time.Second)
+		}
 	}
 	var prog *progress
 	stopBeating := func() {}
@@ -221,6 +226,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	var following sync.WaitGroup
 	if tok := c.req.Params.GetProgressToken(); tok != nil && !in.Background {
 		prog = newProgress(ctx, c.req.Session, tok)
+		prog.sent = c.progressed // after the preparation's, if any
 		stopBeating = prog.keepAlive(d.beat(), time.Now())
 		req.OnOutput = prog.output
 		// Past the live output (the result's cap per stream), progress

@@ -69,6 +69,11 @@ type call struct {
 	// held is the part of the memory budget the call holds (see
 	// Deps.reserve); the wrapper gives it back once the result is sent.
 	held *reservation
+	// waited is how long the call waited for sandboxes to be prepared
+	// (see Deps.prepared), out of its budget; progressed is the progress
+	// value its last notification carried, which the next must exceed.
+	waited     time.Duration
+	progressed float64
 }
 
 // CodeRequestCancelled is the JSON-RPC error code of the answer to a
@@ -145,6 +150,9 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		}
 		var sb Sandbox
 		if ns, ok := any(in).(interface{ inNoSandbox() bool }); !ok || !ns.inNoSandbox() {
+			if err := d.prepared(ctx, c); err != nil {
+				return nil, none, err
+			}
 			if sb, err = d.Sessions.sandbox(c, in.target()); err != nil {
 				return nil, none, err
 			}
@@ -235,6 +243,44 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		}
 		return res, nil, nil
 	}
+}
+
+// preparer is a registry of sandboxes whose sandboxes need something
+// prepared first (session.Manager.WaitPrepared); one that needs nothing (a
+// test's) need not implement it.
+type preparer interface {
+	WaitPrepared(ctx context.Context, maxWait, every time.Duration, beat func(string)) error
+}
+
+// prepareBeat is the longest a call that waits for the preparation of
+// sandboxes, and holds a progress token, goes without a notification.
+const prepareBeat = 5 * time.Second
+
+// prepared waits, before a call makes or finds its sandbox, until what
+// sandboxes need is prepared: a moment, except in the first minutes after
+// the server started with an agent or a --workspace-from the engine has
+// not seen. The wait is bounded by the call's budget (--max-call-wait);
+// with a progress token, the client hears what is being prepared at once
+// and every prepareBeat.
+func (d *Deps) prepared(ctx context.Context, c *call) error {
+	p, ok := d.Sessions.m.(preparer)
+	if !ok {
+		return nil
+	}
+	start := time.Now()
+	defer func() { c.waited = time.Since(start) }()
+	var beat func(string)
+	if tok := c.req.Params.GetProgressToken(); tok != nil {
+		beat = func(msg string) {
+			c.progressed++
+			_ = c.req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: c.progressed, Message: "sandbox-mcp: " + msg})
+		}
+	}
+	every := prepareBeat
+	if d.progressBeat > 0 {
+		every = min(every, d.progressBeat)
+	}
+	return p.WaitPrepared(ctx, d.Policy.MaxCallWait, every, beat)
 }
 
 // sessionID names the MCP session for logs: its id over HTTP, "stdio"

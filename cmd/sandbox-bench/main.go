@@ -124,6 +124,7 @@ func (b *bench) run(ctx context.Context) error {
 		fn   func(context.Context) error
 	}{
 		{"first exec of a new session", b.firstExec},
+		{"first start after a build", b.firstStart},
 		{"warm exec", b.warmExec},
 		{"warm exec after a 1 s pause", b.idleExec},
 		{"1 MiB read and write", b.fileIO},

@@ -7,6 +7,7 @@
 //	sandbox-mcp [flags]        serve MCP over stdio
 //	sandbox-mcp --http ADDR    serve streamable HTTP at http://ADDR/mcp
 //	sandbox-mcp doctor [flags] check the engine, the image and the agent
+//	sandbox-mcp prepare [flags] prepare what sandboxes need, then exit
 //	sandbox-mcp image          print the default image's tag (to build on)
 //	sandbox-mcp uninstall      remove everything it made (images, sandboxes, state, firewall table)
 //	sandbox-mcp version        print the version
@@ -72,6 +73,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return 0
 		case "doctor":
 			return doctor(ctx, args[1:], stdout, getenv)
+		case "prepare":
+			return prepareCmd(ctx, args[1:], stderr, getenv)
 		case "snapshot":
 			return snapshotCmd(args[1:], stdout, stderr, getenv)
 		case "audit":
@@ -162,7 +165,8 @@ func buildVersion() string {
 	return "dev"
 }
 
-// newManager connects to the engine and prepares the sandboxes' runtime.
+// newManager makes the session manager, which prepares what sandboxes need
+// in the background (see session.NewManager).
 // deny lists addresses the egress proxy must never reach (the MCP HTTP
 // listener); auditLog, if not nil, gets a record per proxy decision.
 func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, func(), error) {
@@ -186,16 +190,13 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 			}
 		}
 	} else {
+		// The engine is first called by the preparation, in the
+		// background: the client is answered at once, and a call that
+		// needs a sandbox says what is wrong with the engine.
 		var err error
 		cli, err = client.New(client.FromEnv)
 		if err != nil {
 			return nil, nil, fmt.Errorf("docker client: %w", err)
-		}
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
-			cli.Close()
-			return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
 		}
 		release = func() { cli.Close() }
 	}
@@ -203,6 +204,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		Instance:    instance,
 		Image:       cfg.Image,
 		AgentBinary: cfg.AgentBin,
+		AgentMount:  cfg.AgentMount,
 		Policy:      cfg.Policy,
 		Env:         cfg.Env,
 		StateDir:    cfg.StateDir,

@@ -15,7 +15,7 @@ var flagGroups = []struct {
 	flags []string
 }{
 	{"Sandbox and policy", []string{
-		"config", "exec", "allow-cmd", "read-only", "image", "agent-bin", "env", "workspace-from",
+		"config", "exec", "allow-cmd", "read-only", "image", "agent-bin", "agent-mount", "env", "workspace-from",
 		"exec-timeout", "max-exec-timeout", "max-call-wait", "max-file-bytes", "max-output-bytes", "max-image-pixels",
 		"max-job-output-bytes", "max-workspace-bytes", "memory", "cpus", "pids", "max-jobs",
 		"idle-timeout", "warm", "runtime", "seccomp-profile",
@@ -53,6 +53,7 @@ Usage:
   sandbox-mcp [flags]         serve MCP over stdio
   sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
   sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
+  sandbox-mcp prepare [flags] prepare what sandboxes need (the server does it in the background), then exit
   sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
   sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
   sandbox-mcp image           print the default image's tag, to build your own image FROM it

@@ -36,7 +36,7 @@ func TestBackendConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := d.Prepare(context.Background()); err != nil {
+			if err := d.Prepare(context.Background(), func(backend.Step) {}); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { d.Close(context.Background()) })

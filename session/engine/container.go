@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
@@ -53,6 +54,9 @@ type ContainerParams struct {
 	UID    int               // non-root numeric user every command runs as
 	GID    int
 	Env    []string // the sandbox's whole environment (NAME=VALUE)
+	// AgentMount is the host path of the agent, bind-mounted read-only
+	// at AgentPath; "" when Image holds the agent.
+	AgentMount string
 
 	WorkspaceBytes    int64 // size of the /workspace tmpfs
 	WorkspaceReadOnly bool  // mount /workspace read-only
@@ -155,6 +159,9 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 	if p.WorkspaceInImage {
 		delete(host.Tmpfs, WorkspaceDir)
 	}
+	if p.AgentMount != "" {
+		host.Mounts = agentMounts(p.AgentMount)
+	}
 	var netCfg *network.NetworkingConfig
 	if netMode != "none" {
 		ep := &network.EndpointSettings{}
@@ -169,6 +176,11 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		HostConfig:       host,
 		NetworkingConfig: netCfg,
 	}
+}
+
+// agentMounts bind-mounts the agent at path, read-only, at AgentPath.
+func agentMounts(path string) []mount.Mount {
+	return []mount.Mount{{Type: mount.TypeBind, Source: path, Target: AgentPath, ReadOnly: true}}
 }
 
 // securityOpts are the container's security options: no-new-privileges,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 )
 
 func testParams() ContainerParams {
@@ -110,6 +111,13 @@ func TestContainerSpec(t *testing.T) {
 	p.SeccompProfile = `{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[]}`
 	so := ContainerSpec(p).HostConfig.SecurityOpt
 	check("seccomp profile", slices.Equal(so, []string{"no-new-privileges=true", "seccomp=" + p.SeccompProfile}))
+
+	// A bind-mounted agent is the one host path in the container: the
+	// agent's file alone, read-only, where the image would hold it.
+	p.AgentMount = "/var/lib/sandbox-mcp/agents/0123/sandbox-agent"
+	m := ContainerSpec(p).HostConfig
+	check("agent bind mount", len(m.Mounts) == 1 && m.Mounts[0].Type == mount.TypeBind && m.Mounts[0].Source == p.AgentMount &&
+		m.Mounts[0].Target == AgentPath && m.Mounts[0].ReadOnly && len(m.Binds) == 0)
 
 	// The spec does not share the caller's slices and maps.
 	p2 := testParams()

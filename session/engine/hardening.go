@@ -37,9 +37,13 @@ func HardeningProblems(c container.InspectResponse, uid, gid int) []string {
 	slices.Sort(added)
 	check(slices.Equal(added, []string{"SETGID", "SETUID"}), "CapAdd is %v, want exactly SETUID and SETGID", h.CapAdd)
 	check(!h.Privileged, "the container is privileged")
-	check(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(h.VolumesFrom) == 0, "the container has host mounts")
+	// The one host path a sandbox may have is the agent's file,
+	// bind-mounted read-only where the image would hold it.
+	agentOnly := len(h.Mounts) == 0 || (len(h.Mounts) == 1 && h.Mounts[0].Type == "bind" && h.Mounts[0].Target == AgentPath && h.Mounts[0].ReadOnly)
+	check(len(h.Binds) == 0 && agentOnly && len(h.VolumesFrom) == 0, "the container has host mounts")
 	for _, m := range c.Mounts {
-		check(m.Type == "tmpfs", "mount %s is %s, want tmpfs only", m.Destination, m.Type)
+		agent := m.Type == "bind" && m.Destination == AgentPath && !m.RW
+		check(m.Type == "tmpfs" || agent, "mount %s is %s, want tmpfs only (and the agent's file, read-only)", m.Destination, m.Type)
 		check(!strings.Contains(m.Source, "docker.sock"), "the Docker socket is mounted")
 	}
 	check(!h.PidMode.IsHost() && !h.IpcMode.IsHost() && !h.UTSMode.IsHost() && !h.UsernsMode.IsHost() && !h.NetworkMode.IsHost(),
