@@ -290,6 +290,16 @@ func (m *Manager) RuntimeImage() string {
 	return m.docker.RuntimeImage()
 }
 
+// Toolbox returns the sandbox image's toolbox manifest (JSON, see
+// engine.LabelToolbox), or "" when the image has none or the backend cannot
+// read it (Kubernetes' does not inspect images).
+func (m *Manager) Toolbox() string {
+	if m.docker == nil {
+		return ""
+	}
+	return m.docker.Toolbox()
+}
+
 // Snapshots returns the snapshot store; a caller's snapshots are its view
 // Snapshots().For(caller).
 func (m *Manager) Snapshots() *snapshot.Store { return m.snaps }

@@ -34,6 +34,9 @@ type PolicyView struct {
 	MaxArgvBytes     int      `json:"max_argv_bytes"`
 	MaxEnvBytes      int      `json:"max_env_bytes"`
 	Image            string   `json:"image,omitempty"`
+	// Toolbox is the image's manifest (what it has and lacks), when the
+	// image carries one and the backend can read it.
+	Toolbox *Toolbox `json:"toolbox,omitempty"`
 	EnvNames         []string `json:"env,omitempty"`
 	// Secrets are the variables that hold a placeholder the egress proxy
 	// replaces by a real credential in requests to the hosts listed.

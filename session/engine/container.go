@@ -33,6 +33,10 @@ const (
 	LabelCreated = "io.sandbox-mcp.created"
 	// LabelRuntime marks a runtime image (a base image plus the agent).
 	LabelRuntime = "io.sandbox-mcp.runtime"
+	// LabelToolbox, on a sandbox image, is its toolbox manifest: what it
+	// has and lacks, as JSON, written by the image's build
+	// (image/build.sh).
+	LabelToolbox = "io.sandbox-mcp.toolbox"
 )
 
 // The identity a sandbox container starts with: its init and the agent run

@@ -87,8 +87,11 @@ type Docker struct {
 	cfg   Config
 	cli   Engine
 	log   *slog.Logger
-	image string    // runtime image, set by Prepare
-	fw    *firewall // nil without Egress
+	image string // runtime image, set by Prepare
+	// toolbox is the image's toolbox manifest (LabelToolbox), set by
+	// Prepare; "" if it has none.
+	toolbox string
+	fw      *firewall // nil without Egress
 	// createGrace is DefaultCreateGrace (tests shorten it).
 	createGrace time.Duration
 }
@@ -124,6 +127,9 @@ func (d *Docker) Prepare(ctx context.Context) error {
 		return err
 	}
 	d.image = img
+	if info, err := d.cli.ImageInspect(ctx, d.cfg.Image); err == nil && info.Config != nil {
+		d.toolbox = info.Config.Labels[LabelToolbox]
+	}
 	if d.cfg.Egress {
 		fw, err := newFirewall()
 		if err != nil {
@@ -137,6 +143,10 @@ func (d *Docker) Prepare(ctx context.Context) error {
 
 // RuntimeImage returns the tag of the image sandboxes run (after Prepare).
 func (d *Docker) RuntimeImage() string { return d.image }
+
+// Toolbox returns the image's toolbox manifest (the LabelToolbox label of
+// the image, as JSON), or "" when it has none (after Prepare).
+func (d *Docker) Toolbox() string { return d.toolbox }
 
 // Instance returns the server instance id used in labels.
 func (d *Docker) Instance() string { return d.cfg.Instance }
