@@ -131,6 +131,7 @@ type Manager struct {
 	seed    *seed // nil without --workspace-from
 	pool    *pool
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
+	pmEnv   []string        // package managers' settings (packageManagerEnv)
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -191,12 +192,15 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			return nil, err
 		}
 	}
-	var proxy *netproxy.Proxy
+	var (
+		proxy *netproxy.Proxy
+		allow *netproxy.Allowlist
+	)
 	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
 		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
 	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
-		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
+		allow, err = netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
 			return nil, closeSeed(sd, err)
 		}
@@ -253,6 +257,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		seed:    sd,
 		pool:    newPool(opts.Warm),
 		proxy:   proxy,
+		pmEnv:   packageManagerEnv(allow),
 		ctx:     mctx,
 		cancel:  cancel,
 		removed: make(chan struct{}),

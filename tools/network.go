@@ -40,6 +40,11 @@ var networkFailure = []*regexp.Regexp{
 	regexp.MustCompile(`(?i)tunnel connection failed: 403|received HTTP code 403 from proxy`),
 }
 
+// offlineFailure matches what a package manager prints when it found
+// nothing to install and says nothing of the network: pip with no retries
+// ("No matching distribution found"). With no network at all, that is why.
+var offlineFailure = regexp.MustCompile(`No matching distribution found for ([A-Za-z0-9._-]+)|\(from versions: none\)`)
+
 // outputNetworkFailures returns the hosts (with ports, where known) that
 // text shows failing to resolve or connect, and whether it shows any such
 // failure at all (some messages name no host).
@@ -98,7 +103,11 @@ func networkNotes(p policy.Policy, refused []session.NetworkRefusal, failed bool
 	if !failed {
 		return nil, ""
 	}
-	hosts, found := outputNetworkFailures(strings.Join(output, "\n"))
+	text := strings.Join(output, "\n")
+	hosts, found := outputNetworkFailures(text)
+	if !found && p.Network == policy.NetworkNone && offlineFailure.MatchString(text) {
+		found = true
+	}
 	if !found {
 		return nil, ""
 	}
