@@ -67,6 +67,15 @@ func TestNetworkFailuresAllowlist(t *testing.T) {
 			t.Errorf("hint or text lacks %q:\nhint: %s\ntext: %s", s, out["hint"], text(res))
 		}
 	}
+	// A background job's refusals are told when it is followed.
+	job := s.ok("sandbox_exec", map[string]any{"argv": []string{"curl", "-sS", "https://registry.npmjs.org/"}, "background": true})["job"].(string)
+	res = s.call("sandbox_job", map[string]any{"job": job, "wait_ms": 30000})
+	out = res.StructuredContent.(map[string]any)
+	if denied, _ := out["network_denied"].([]any); len(denied) != 1 || denied[0].(map[string]any)["host"] != "registry.npmjs.org" ||
+		!strings.Contains(text(res), "The egress proxy refused registry.npmjs.org:443") {
+		t.Errorf("a background job's refusal: %v\ntext: %s", out, text(res))
+	}
+
 	// Nothing refused while a later command ran: nothing reported.
 	out = s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
 	if out["network_denied"] != nil {
