@@ -106,3 +106,22 @@ func TestTextsFitTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestParseToolbox: a manifest that is missing or not one gives no toolbox
+// (the instructions then say to list the image's tools), and a long one is
+// cut to a bounded list.
+func TestParseToolbox(t *testing.T) {
+	for _, s := range []string{"", "not json", `{"has":[]}`, `{"lacks":["go"]}`} {
+		if tb := ParseToolbox(s); tb != nil {
+			t.Errorf("ParseToolbox(%q) = %+v, want nil", s, tb)
+		}
+	}
+	long := `{"has":[` + strings.Repeat(`{"name":"x","version":"1.2.3"},`, 100) + `{"name":"y"}],"lacks":["go"]}`
+	tb := ParseToolbox(long)
+	if tb == nil || len(tb.Has) != maxToolboxEntries || tb.Lacks[0] != "go" {
+		t.Fatalf("a long manifest: %+v", tb)
+	}
+	if got := tb.sentence(); !strings.HasPrefix(got, "It has x 1.2, x 1.2,") || !strings.HasSuffix(got, "It lacks go. ") {
+		t.Errorf("sentence %q", got)
+	}
+}
