@@ -28,14 +28,19 @@ MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR-http://deb.debian.org/debian-security}"
 # The toolbox agents expect of a development box. apt installs these and what
 # they depend on, without Recommends (so libc6-dev, only recommended by gcc, is
-# named). bash, coreutils, findutils, grep, sed, diffutils, gzip and tar come
-# with minbase anyway; they are named so that the list says what is promised.
+# named; python3-munkres is named so that it, not python3-scipy, satisfies
+# python3-fonttools' "python3-scipy | python3-munkres" (matplotlib needs
+# fonttools): scipy brings pythran, and with it the boost headers, a BLAS
+# development kit and the Python headers, over 300 MB). bash, coreutils,
+# findutils, grep, sed, diffutils, gzip and tar come with minbase anyway;
+# they are named so that the list says what is promised.
 PACKAGES=(
   bash coreutils findutils grep sed gawk diffutils patch less procps file
   tar gzip zip unzip xxd jq ripgrep
   git curl ca-certificates
   python3 python3-pip python3-venv
   python3-pytest python3-numpy python3-matplotlib python3-pil
+  python3-munkres
   nodejs npm
   gcc g++ make libc6-dev
 )
