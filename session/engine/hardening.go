@@ -37,9 +37,12 @@ func HardeningProblems(c container.InspectResponse, uid, gid int) []string {
 	slices.Sort(added)
 	check(slices.Equal(added, []string{"SETGID", "SETUID"}), "CapAdd is %v, want exactly SETUID and SETGID", h.CapAdd)
 	check(!h.Privileged, "the container is privileged")
-	check(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(h.VolumesFrom) == 0, "the container has host mounts")
+	resolvOnly := len(h.Mounts) == 0 || len(h.Mounts) == 1 && h.Mounts[0].Type == "bind" &&
+		h.Mounts[0].Source == ResolvConf && h.Mounts[0].Target == "/etc/resolv.conf" && h.Mounts[0].ReadOnly
+	check(len(h.Binds) == 0 && resolvOnly && len(h.VolumesFrom) == 0, "the container has host mounts")
 	for _, m := range c.Mounts {
-		check(m.Type == "tmpfs", "mount %s is %s, want tmpfs only", m.Destination, m.Type)
+		resolv := m.Type == "bind" && m.Source == ResolvConf && m.Destination == "/etc/resolv.conf" && !m.RW
+		check(m.Type == "tmpfs" || resolv, "mount %s is %s, want tmpfs only (and %s read-only over /etc/resolv.conf)", m.Destination, m.Type, ResolvConf)
 		check(!strings.Contains(m.Source, "docker.sock"), "the Docker socket is mounted")
 	}
 	check(!h.PidMode.IsHost() && !h.IpcMode.IsHost() && !h.UTSMode.IsHost() && !h.UsernsMode.IsHost() && !h.NetworkMode.IsHost(),

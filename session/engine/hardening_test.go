@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 )
 
 // TestHardeningProblems: a container made from ContainerSpec passes, and each
@@ -31,6 +33,17 @@ func TestHardeningProblems(t *testing.T) {
 		{"a missing capability", func(c *container.InspectResponse) { c.HostConfig.CapAdd = []string{"SETUID"} }, "CapAdd"},
 		{"privileged", func(c *container.InspectResponse) { c.HostConfig.Privileged = true }, "privileged"},
 		{"bind", func(c *container.InspectResponse) { c.HostConfig.Binds = []string{"/:/host"} }, "host mounts"},
+		{"another mount", func(c *container.InspectResponse) {
+			c.HostConfig.Mounts = append(slices.Clone(c.HostConfig.Mounts), mount.Mount{Type: mount.TypeBind, Source: "/", Target: "/host"})
+		}, "host mounts"},
+		{"a writable resolv.conf", func(c *container.InspectResponse) {
+			m := slices.Clone(c.HostConfig.Mounts)
+			m[0].ReadOnly = false
+			c.HostConfig.Mounts = m
+		}, "host mounts"},
+		{"an engine bind", func(c *container.InspectResponse) {
+			c.Mounts = []container.MountPoint{{Type: "bind", Source: "/etc", Destination: "/etc/resolv.conf"}}
+		}, "want tmpfs only"},
 		{"host pid", func(c *container.InspectResponse) { c.HostConfig.PidMode = "host" }, "namespace"},
 		{"swap", func(c *container.InspectResponse) { c.HostConfig.MemorySwap = -1 }, "swap"},
 		{"no cpus", func(c *container.InspectResponse) { c.HostConfig.NanoCPUs = 0 }, "CPU"},
