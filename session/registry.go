@@ -137,6 +137,7 @@ type Manager struct {
 	prep    *preparation
 	pool    *pool
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
+	pmEnv   []string        // package managers' settings (packageManagerEnv)
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -200,12 +201,15 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			return nil, err
 		}
 	}
-	var proxy *netproxy.Proxy
+	var (
+		proxy *netproxy.Proxy
+		allow *netproxy.Allowlist
+	)
 	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
 		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
 	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
-		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
+		allow, err = netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
 			return nil, closeSeed(sd, err)
 		}
@@ -261,6 +265,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		seed:    sd,
 		pool:    newPool(opts.Warm),
 		proxy:   proxy,
+		pmEnv:   packageManagerEnv(allow),
 		ctx:     mctx,
 		cancel:  cancel,
 		removed: make(chan struct{}),
@@ -321,6 +326,16 @@ func (m *Manager) RuntimeImage() string {
 		return ""
 	}
 	return m.docker.RuntimeImage()
+}
+
+// Toolbox returns the sandbox image's toolbox manifest (JSON, see
+// engine.LabelToolbox), or "" when the image has none or the backend cannot
+// read it in 2 s (Kubernetes' does not inspect images).
+func (m *Manager) Toolbox(ctx context.Context) string {
+	if m.docker == nil {
+		return ""
+	}
+	return m.docker.Toolbox(ctx)
 }
 
 // Snapshots returns the snapshot store; a caller's snapshots are its view

@@ -200,8 +200,23 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	if req.OnStart != nil {
 		req.OnStart(strconv.FormatUint(req.job.id, 10))
 	}
+	start := time.Now()
 	res, err := inst.conn.exec(ctx, req)
+	res.NetworkRefused = s.m.refusedSince(s.id, start)
 	return res, s.failed(inst, err)
+}
+
+// refusedSince returns what the egress proxy refused the sandbox id at or
+// after t (nil without a proxy).
+func (m *Manager) refusedSince(id string, t time.Time) []NetworkRefusal {
+	if m.proxy == nil {
+		return nil
+	}
+	var out []NetworkRefusal
+	for _, r := range m.proxy.Refusals(id, t) {
+		out = append(out, NetworkRefusal{Host: r.Host, Port: r.Port, Reason: r.Reason})
+	}
+	return out
 }
 
 // Resolve resolves program names the way exec does (see

@@ -34,17 +34,18 @@ type ExecIn struct {
 
 // ExecOut is sandbox_exec's output.
 type ExecOut struct {
-	Sandbox         string `json:"sandbox" jsonschema:"The sandbox the command ran in."`
-	Job             string `json:"job" jsonschema:"The command's job id: pass it to sandbox_job to read the output kept, or to wait for, feed or signal a background job."`
-	Running         bool   `json:"running,omitempty" jsonschema:"True while the command runs on as its job: started in the background, or still running at the server's call wait (hint says how to follow it)."`
-	ExitCode        *int   `json:"exit_code,omitempty" jsonschema:"The command's exit code, once it ended; 128+N when a signal N ended it."`
-	Stdout          string `json:"stdout" jsonschema:"Standard output; a long one keeps its head and tail with a line saying what was left out. Bytes that are not UTF-8 are replaced with U+FFFD."`
-	Stderr          string `json:"stderr" jsonschema:"Standard error, like stdout."`
-	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"True when part of stdout was left out (hint says how to read it)."`
-	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when part of stderr was left out (hint says how to read it)."`
-	TimedOut        bool   `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
-	DurationMS      *int64 `json:"duration_ms,omitempty" jsonschema:"How long the command ran, in milliseconds, once it ended."`
-	Hint            string `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
+	Sandbox         string          `json:"sandbox" jsonschema:"The sandbox the command ran in."`
+	Job             string          `json:"job" jsonschema:"The command's job id: pass it to sandbox_job to read the output kept, or to wait for, feed or signal a background job."`
+	Running         bool            `json:"running,omitempty" jsonschema:"True while the command runs on as its job: started in the background, or still running at the server's call wait (hint says how to follow it)."`
+	ExitCode        *int            `json:"exit_code,omitempty" jsonschema:"The command's exit code, once it ended; 128+N when a signal N ended it."`
+	Stdout          string          `json:"stdout" jsonschema:"Standard output; a long one keeps its head and tail with a line saying what was left out. Bytes that are not UTF-8 are replaced with U+FFFD."`
+	Stderr          string          `json:"stderr" jsonschema:"Standard error, like stdout."`
+	StdoutTruncated bool            `json:"stdout_truncated" jsonschema:"True when part of stdout was left out (hint says how to read it)."`
+	StderrTruncated bool            `json:"stderr_truncated" jsonschema:"True when part of stderr was left out (hint says how to read it)."`
+	TimedOut        bool            `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
+	DurationMS      *int64          `json:"duration_ms,omitempty" jsonschema:"How long the command ran, in milliseconds, once it ended."`
+	NetworkDenied   []NetworkDenied `json:"network_denied,omitempty" jsonschema:"Hosts the command could not reach while it ran, and why (hint says it too): refused by the egress proxy, or, for a failed command, names its output shows did not resolve."`
+	Hint            string          `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
 }
 
 func execDef(p policy.Policy) *mcp.Tool {
@@ -291,6 +292,10 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	if res.OOMKills > 0 {
 		notes = append(notes, outOfMemory(p))
 	}
+	failed := res.TimedOut || (!res.Running && res.ExitCode != 0)
+	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
+	out.NetworkDenied = denied
+	notes = append(notes, netHint)
 	if res.PipesHeld {
 		notes = append(notes, fmt.Sprintf("A process the command started (or one that took its output) still holds its stdout or stderr, so the result has what was read until the command ended; "+
 			"what it writes later is kept in job %s (sandbox_job reads it). Redirect a background process's output (> file 2>&1 &) so the call need not wait for it", res.Job))

@@ -8,23 +8,27 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// defaultImageTools are what the default image offers a model, in a few
-// words (image/Dockerfile has the full list).
-const defaultImageTools = "bash, coreutils, git, curl, jq, ripgrep (rg), python3 with pip and venv, Node.js with npm, gcc, g++ and make"
-
 // Instructions returns the server's instructions, which a client gives the
 // model once, with the tools: what the sandbox is, what it has, what lasts
 // between calls and what does not, and the policy, all from the server's
 // configuration (v; defaultImage is the default image's tag, to tell the
-// toolbox from an operator's image). It is short: clients put it in every
+// toolbox from an operator's image). What the image has and lacks comes from
+// its manifest (v.Toolbox), which the image's build wrote. It is short: clients put it in every
 // conversation.
 func Instructions(v PolicyView, defaultImage string) string {
 	p := v.Policy
 	var b strings.Builder
 	b.WriteString("Each session gets its own sandbox: a Linux container, made at your first call and removed when the session ends. ")
-	if v.Image == "" || v.Image == defaultImage {
-		b.WriteString("It has " + defaultImageTools + ". ")
-	} else {
+	switch {
+	case v.Toolbox != nil:
+		if v.Image != "" && v.Image != defaultImage {
+			fmt.Fprintf(&b, "Its image is %s, the operator's choice, built on this server's toolbox. ", v.Image)
+		}
+		b.WriteString(v.Toolbox.sentence())
+		b.WriteString("Nothing installs system-wide (the root filesystem is read-only): pip and npm install into the workspace or $HOME. ")
+	case v.Image == "" || v.Image == defaultImage:
+		b.WriteString("Its image is this server's toolbox; list its tools with `ls /usr/local/bin /usr/bin`. ")
+	default:
 		fmt.Fprintf(&b, "Its image is %s, the operator's choice; list its tools with `ls /usr/local/bin /usr/bin`. ", v.Image)
 	}
 	switch {

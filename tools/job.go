@@ -32,17 +32,18 @@ type JobIn struct {
 
 // JobOut is sandbox_job's output.
 type JobOut struct {
-	Sandbox      string     `json:"sandbox" jsonschema:"The sandbox of the job."`
-	Job          string     `json:"job,omitempty" jsonschema:"The job id."`
-	State        string     `json:"state,omitempty" jsonschema:"running, exited or killed."`
-	ExitCode     *int       `json:"exit_code,omitempty" jsonschema:"The exit code, once the job ended; 128+N when a signal N ended it."`
-	Stdout       string     `json:"stdout" jsonschema:"Standard output read (what is new, or from stdout_offset), at most the output cap."`
-	Stderr       string     `json:"stderr" jsonschema:"Standard error read, like stdout."`
-	StdoutOffset int64      `json:"stdout_offset" jsonschema:"The byte after the stdout returned: pass it back to read on."`
-	StderrOffset int64      `json:"stderr_offset" jsonschema:"The byte after the stderr returned."`
-	DroppedBytes int64      `json:"dropped_bytes" jsonschema:"Oldest output no longer kept (past the job's output cap), both streams."`
-	Hint         string     `json:"hint,omitempty" jsonschema:"What the result means and what to call next."`
-	Jobs         []JobEntry `json:"jobs,omitempty" jsonschema:"Without job: the sandbox's jobs, oldest first."`
+	Sandbox       string          `json:"sandbox" jsonschema:"The sandbox of the job."`
+	Job           string          `json:"job,omitempty" jsonschema:"The job id."`
+	State         string          `json:"state,omitempty" jsonschema:"running, exited or killed."`
+	ExitCode      *int            `json:"exit_code,omitempty" jsonschema:"The exit code, once the job ended; 128+N when a signal N ended it."`
+	Stdout        string          `json:"stdout" jsonschema:"Standard output read (what is new, or from stdout_offset), at most the output cap."`
+	Stderr        string          `json:"stderr" jsonschema:"Standard error read, like stdout."`
+	StdoutOffset  int64           `json:"stdout_offset" jsonschema:"The byte after the stdout returned: pass it back to read on."`
+	StderrOffset  int64           `json:"stderr_offset" jsonschema:"The byte after the stderr returned."`
+	DroppedBytes  int64           `json:"dropped_bytes" jsonschema:"Oldest output no longer kept (past the job's output cap), both streams."`
+	NetworkDenied []NetworkDenied `json:"network_denied,omitempty" jsonschema:"Hosts the job could not reach since it started, and why (see sandbox_exec)."`
+	Hint          string          `json:"hint,omitempty" jsonschema:"What the result means and what to call next."`
+	Jobs          []JobEntry      `json:"jobs,omitempty" jsonschema:"Without job: the sandbox's jobs, oldest first."`
 }
 
 // JobEntry is one listed job.
@@ -180,6 +181,10 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 	if out.DroppedBytes > 0 {
 		notes = append(notes, longLog)
 	}
+	failed := st.State != agentproto.JobRunning && st.ExitCode != 0
+	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
+	out.NetworkDenied = denied
+	notes = append(notes, netHint)
 	out.Hint = joinHints(notes...)
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
 }

@@ -28,13 +28,16 @@ const (
 // it. Durations are in milliseconds; secrets never appear.
 type PolicyView struct {
 	policy.Policy
-	ExecTimeoutMS    int64    `json:"exec_timeout_ms"`
-	MaxExecTimeoutMS int64    `json:"max_exec_timeout_ms"`
-	MaxCallWaitMS    int64    `json:"max_call_wait_ms"`
-	MaxArgvBytes     int      `json:"max_argv_bytes"`
-	MaxEnvBytes      int      `json:"max_env_bytes"`
-	Image            string   `json:"image,omitempty"`
-	EnvNames         []string `json:"env,omitempty"`
+	ExecTimeoutMS    int64  `json:"exec_timeout_ms"`
+	MaxExecTimeoutMS int64  `json:"max_exec_timeout_ms"`
+	MaxCallWaitMS    int64  `json:"max_call_wait_ms"`
+	MaxArgvBytes     int    `json:"max_argv_bytes"`
+	MaxEnvBytes      int    `json:"max_env_bytes"`
+	Image            string `json:"image,omitempty"`
+	// Toolbox is the image's manifest (what it has and lacks), when the
+	// image carries one and the backend can read it.
+	Toolbox  *Toolbox `json:"toolbox,omitempty"`
+	EnvNames []string `json:"env,omitempty"`
 	// Secrets are the variables that hold a placeholder the egress proxy
 	// replaces by a real credential in requests to the hosts listed.
 	Secrets []SecretView `json:"secrets,omitempty"`

@@ -246,6 +246,9 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 // not nil, gets a record per tool call.
 func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *tools.Memory, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	if m != nil {
+		view.Toolbox = tools.ParseToolbox(m.Toolbox(context.Background())) // the image's own manifest, read in at most 2 s
+	}
 	for _, sec := range cfg.Secrets {
 		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
 	}

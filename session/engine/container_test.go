@@ -66,7 +66,9 @@ func TestContainerSpec(t *testing.T) {
 	check("auto remove", h.AutoRemove)
 	check("no engine log of the protocol", h.LogConfig.Type == "none")
 	check("network none", h.NetworkMode == "none" && o.NetworkingConfig == nil)
-	check("no host binds", len(h.Binds) == 0 && len(h.Mounts) == 0 && len(h.VolumesFrom) == 0)
+	check("no host binds", len(h.Binds) == 0 && len(h.VolumesFrom) == 0)
+	check("the one mount: an empty resolv.conf, read-only", len(h.Mounts) == 1 && h.Mounts[0].Type == "bind" &&
+		h.Mounts[0].Source == "/dev/null" && h.Mounts[0].Target == "/etc/resolv.conf" && h.Mounts[0].ReadOnly)
 	check("no devices", len(h.Devices) == 0 && len(h.DeviceRequests) == 0 && len(h.DeviceCgroupRules) == 0)
 	check("host namespaces not shared", h.PidMode == "" && h.IpcMode == container.IPCModePrivate && h.UTSMode == "" && h.UsernsMode == "" && h.CgroupnsMode == "")
 	check("no published ports", len(h.PortBindings) == 0 && !h.PublishAllPorts)

@@ -358,6 +358,20 @@ func (d *Docker) AgentMountPath() string {
 	return d.agentMount
 }
 
+// Toolbox reads the image's toolbox manifest (the LabelToolbox label of
+// --image) with one inspect cut at 2 s, apart from Prepare, so that the
+// server's instructions can say what the image has before its sandboxes are
+// prepared; "" when the image has none or the engine does not answer in time.
+func (d *Docker) Toolbox(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := d.cli.ImageInspect(ctx, d.cfg.Image)
+	if err != nil || info.Config == nil {
+		return ""
+	}
+	return info.Config.Labels[LabelToolbox]
+}
+
 // Instance returns the server instance id used in labels.
 func (d *Docker) Instance() string { return d.cfg.Instance }
 

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,6 +50,17 @@ func TestHardeningProblems(t *testing.T) {
 		}, "host mounts"},
 		{"a bind mount seen by the engine", func(c *container.InspectResponse) {
 			c.Mounts = []container.MountPoint{{Type: "bind", Source: "/", Destination: "/host", RW: true}}
+		}, "want tmpfs only"},
+		{"another mount", func(c *container.InspectResponse) {
+			c.HostConfig.Mounts = append(slices.Clone(c.HostConfig.Mounts), mount.Mount{Type: mount.TypeBind, Source: "/", Target: "/host"})
+		}, "host mounts"},
+		{"a writable resolv.conf", func(c *container.InspectResponse) {
+			m := slices.Clone(c.HostConfig.Mounts)
+			m[0].ReadOnly = false
+			c.HostConfig.Mounts = m
+		}, "host mounts"},
+		{"an engine bind", func(c *container.InspectResponse) {
+			c.Mounts = []container.MountPoint{{Type: "bind", Source: "/etc", Destination: "/etc/resolv.conf"}}
 		}, "want tmpfs only"},
 		{"host pid", func(c *container.InspectResponse) { c.HostConfig.PidMode = "host" }, "namespace"},
 		{"swap", func(c *container.InspectResponse) { c.HostConfig.MemorySwap = -1 }, "swap"},
