@@ -48,6 +48,7 @@ k8s-images: ## build the agent image and load it and the sandbox images into the
 
 .PHONY: run
 run: setup image build ## set everything up and serve MCP over stdio (ARGS= for flags)
+	$(BIN)/sandbox-mcp prepare $(ARGS)
 	@echo "sandbox-mcp: serving MCP on stdin/stdout; point your client at $(CURDIR)/$(BIN)/sandbox-mcp (Ctrl-C stops)" >&2
 	$(BIN)/sandbox-mcp $(ARGS)
 
@@ -62,7 +63,7 @@ test: setup image testimage ## run every test (unit, integration on the real eng
 
 .PHONY: bench
 bench: setup image build ## measure against baselines in one run (a few minutes); writes docs/bench/
-	$(GO) run ./cmd/sandbox-bench -bin $(BIN) -out docs/bench -readme README.md $(BENCHFLAGS)
+	$(GO) run ./cmd/sandbox-bench -bin $(BIN) -out docs/bench -doc docs/bench/README.md -readme README.md $(BENCHFLAGS)
 
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy
@@ -76,7 +77,6 @@ lint: ## gofmt, go vet, go mod tidy
 check: lint test ## lint, then every test
 
 .PHONY: clean
-clean: ## remove built binaries and leftover sandbox containers
+clean: ## remove everything the project made: sandboxes, networks, images, state, the nftables table (stop the servers first; ARGS= for uninstall's flags), and bin/
+	$(GO) run ./cmd/sandbox-mcp uninstall $(ARGS)
 	rm -rf $(BIN)
-	-docker ps -aq --filter label=io.sandbox-mcp=1 | xargs -r docker rm -f
-	-docker images -q --filter label=io.sandbox-mcp.runtime=1 | xargs -r docker rmi

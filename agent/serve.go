@@ -399,7 +399,7 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 // frames get an inbox for them. fn must send the terminal frame.
 func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func(context.Context, *call)) {
 	if err := f.Decode(req); err != nil {
-		s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "%v", err))
+		s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "%w", err))
 		return
 	}
 	withInput, detachable := false, false

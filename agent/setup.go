@@ -123,7 +123,7 @@ func writeBundle(req agentproto.SetupRequest, path string, roots []string) (agen
 			return res, errcode.Errorf(errcode.InvalidArgument, "setup: ca_certs holds a %q block; only certificates go into the sandbox", b.Type)
 		}
 		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
-			return res, errcode.Errorf(errcode.InvalidArgument, "setup: ca_certs: %v", err)
+			return res, errcode.Errorf(errcode.InvalidArgument, "setup: ca_certs: %w", err)
 		}
 	}
 

@@ -28,18 +28,41 @@ MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR-http://deb.debian.org/debian-security}"
 # The toolbox agents expect of a development box. apt installs these and what
 # they depend on, without Recommends (so libc6-dev, only recommended by gcc, is
-# named). bash, coreutils, findutils, grep, sed, diffutils, gzip and tar come
-# with minbase anyway; they are named so that the list says what is promised.
+# named; python3-munkres is named so that it, not python3-scipy, satisfies
+# python3-fonttools' "python3-scipy | python3-munkres" (matplotlib needs
+# fonttools): scipy brings pythran, and with it the boost headers, a BLAS
+# development kit and the Python headers, over 300 MB). bash, coreutils,
+# findutils, grep, sed, diffutils, gzip and tar come with minbase anyway;
+# they are named so that the list says what is promised.
 PACKAGES=(
   bash coreutils findutils grep sed gawk diffutils patch less procps file
   tar gzip zip unzip xxd jq ripgrep
   git curl ca-certificates
   python3 python3-pip python3-venv
+  python3-pytest python3-numpy python3-matplotlib python3-pil
+  python3-munkres
   nodejs npm
   gcc g++ make libc6-dev
 )
 # The sandbox user; the server runs every command as this uid:gid.
 SANDBOX_UID=1000
+# The toolbox manifest: what the image has (name=Debian package, whose
+# upstream version is recorded) and the programs a model often reaches for
+# that it lacks (each checked with `command -v` in the finished rootfs, so a
+# program that arrives with a dependency moves to "has"). The build writes
+# the result to /etc/sandbox-mcp/toolbox.json and to the image label
+# io.sandbox-mcp.toolbox; the server reads the label at start and puts it in
+# its instructions, so what they say is what the image holds.
+MANIFEST_HAS=(
+  bash=bash git=git curl=curl jq=jq rg=ripgrep patch=patch make=make
+  python3=python3 pip=python3-pip pytest=python3-pytest numpy=python3-numpy
+  matplotlib=python3-matplotlib PIL=python3-pil
+  node=nodejs npm=npm gcc=gcc g++=g++
+)
+MANIFEST_PROBE=(
+  zip unzip xxd file gawk less ps wget sqlite3 cmake tree vim nano ssh
+  cargo rustc go java ruby php perl yarn pnpm uv docker sudo
+)
 
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
@@ -183,6 +206,40 @@ in_root groupadd --gid "$SANDBOX_UID" sandbox
 in_root useradd --uid "$SANDBOX_UID" --gid "$SANDBOX_UID" --home-dir /tmp --no-create-home \
   --shell /bin/bash --comment "sandbox-mcp sandbox user" sandbox
 install -d -o "$SANDBOX_UID" -g "$SANDBOX_UID" -m 0755 "$rootfs/workspace"
+# An identity for git, so that a first commit works (the sandbox user's
+# ~/.gitconfig, in the tmpfs /tmp, still overrides it), and a default branch
+# name, which spares every `git init` its hint.
+cat > "$rootfs/etc/gitconfig" <<'CFG'
+# sandbox-mcp: the sandbox's git identity (image/build.sh).
+[user]
+	name = sandbox
+	email = sandbox@sandbox-mcp.invalid
+[init]
+	defaultBranch = main
+CFG
+
+# The manifest (see MANIFEST_HAS): upstream versions, without epoch and
+# Debian revision ("1:2.39.2-1.1" is 2.39.2).
+has=() lacks=()
+for entry in "${MANIFEST_HAS[@]}"; do
+  v="$(in_root dpkg-query -W -f '${Version}' "${entry#*=}")" || die "manifest: package ${entry#*=} is not installed"
+  v="${v#*:}"; v="${v%%[-+~]*}"
+  has+=("$(printf '{"name":"%s","version":"%s"}' "${entry%%=*}" "$v")")
+done
+for prog in "${MANIFEST_PROBE[@]}"; do
+  if in_root sh -c 'command -v "$1"' sh "$prog" >/dev/null; then
+    has+=("$(printf '{"name":"%s"}' "$prog")")
+  else
+    lacks+=("\"$prog\"")
+  fi
+done
+manifest="$(IFS=,; printf '{"has":[%s],"lacks":[%s]}' "${has[*]}" "${lacks[*]}")"
+in_root jq -e . >/dev/null <<<"$manifest" || die "manifest: not JSON: $manifest"
+mkdir -p "$rootfs/etc/sandbox-mcp"
+printf '%s\n' "$manifest" > "$rootfs/etc/sandbox-mcp/toolbox.json"
+# Single quotes keep the JSON's double quotes in the label's value.
+changes+=(--change "LABEL io.sandbox-mcp.toolbox='$manifest'")
+log "manifest: $manifest"
 umount "$rootfs/proc"
 rm -f "$rootfs/etc/dpkg/dpkg.cfg.d/99-sandbox-mcp-build" "$rootfs/usr/sbin/policy-rc.d"
 log "toolbox installed after $((SECONDS - start))s"

@@ -118,6 +118,9 @@ func (p *Proxy) logDecision(d *Decision) {
 // recordRefusal logs a refusal if it is the first of its kind in the
 // sandbox's current interval, and otherwise only counts it.
 func (p *Proxy) recordRefusal(sb *sandboxState, d *Decision) {
+	if d.Host != "" { // a request was read: it is the sandbox's own
+		sb.recent.add(d, time.Now())
+	}
 	if sb.refusals.note(d, p.cfg.MaxRefusalKinds, p.cfg.RefusalInterval, func() { p.flushRefusals(sb) }) {
 		d.Count = 1
 		p.logDecision(d)

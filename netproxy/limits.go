@@ -20,6 +20,7 @@ type sandboxState struct {
 	conns   int
 
 	refusals refusals
+	recent   recent // the latest kinds refused, for Proxy.Refusals
 
 	// token is the hash of the sandbox's credential (Grant), guarded by
 	// the Proxy's mu.

@@ -92,3 +92,77 @@ func (r *refusals) take(sandbox string, maxKinds int) []Decision {
 	r.kinds, r.order, r.other, r.timer = nil, nil, 0, nil
 	return out
 }
+
+// MaxRecentRefusals is how many kinds of refusal (host, port and reason)
+// Proxy.Refusals keeps per sandbox: the most recent ones, each with the time
+// of its latest occurrence. A sandbox's record therefore holds at most this
+// many entries of at most 256 bytes of host and one reason sentence each,
+// whatever it sends, and goes with the sandbox's last Serve or Grant.
+const MaxRecentRefusals = 8
+
+// Refusal is one kind of request the proxy refused a sandbox recently.
+type Refusal struct {
+	Host   string    // the host as requested (normalised if it was a valid name), at most 256 bytes
+	Port   int       // the requested port; 0 if it could not be parsed
+	Status int       // the HTTP status sent
+	Reason string    // the refusal sentence sent to the client
+	Last   time.Time // when the latest refusal of this kind happened
+	Count  int       // how many refusals of this kind the record has seen
+}
+
+// recent keeps a sandbox's latest kinds of refusal for Proxy.Refusals.
+type recent struct {
+	mu    sync.Mutex
+	kinds []Refusal // at most MaxRecentRefusals, oldest Last first
+}
+
+// add records a refusal at now.
+func (r *recent) add(d *Decision, now time.Time) {
+	host := d.Normalized
+	if host == "" {
+		host = d.Host
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, k := range r.kinds {
+		if k.Host == host && k.Port == d.Port && k.Status == d.Status && k.Reason == d.Reason {
+			k.Last, k.Count = now, k.Count+1
+			// Move it to the end: the slice stays ordered by Last.
+			r.kinds = append(append(r.kinds[:i:i], r.kinds[i+1:]...), k)
+			return
+		}
+	}
+	if len(r.kinds) >= MaxRecentRefusals {
+		r.kinds = append(r.kinds[:0:0], r.kinds[1:]...)
+	}
+	r.kinds = append(r.kinds, Refusal{Host: host, Port: d.Port, Status: d.Status, Reason: d.Reason, Last: now, Count: 1})
+}
+
+// since returns the kinds refused at or after t, oldest first.
+func (r *recent) since(t time.Time) []Refusal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Refusal
+	for _, k := range r.kinds {
+		if !k.Last.Before(t) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// Refusals returns the kinds of request the proxy refused the sandbox with
+// this id (as given to Serve or Grant) at or after since, oldest first: at
+// most MaxRecentRefusals, the most recent kinds. It is how a caller learns,
+// after a command ran, what the command was refused. Refusals of
+// connections from addresses the sandbox's listener does not serve are not
+// the sandbox's and are not recorded. nil when the sandbox is not served.
+func (p *Proxy) Refusals(sandbox string, since time.Time) []Refusal {
+	p.mu.Lock()
+	sb := p.sandboxes[sandbox]
+	p.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	return sb.recent.since(since)
+}

@@ -208,3 +208,54 @@ func TestServeOnlyFromClients(t *testing.T) {
 		t.Errorf("decisions %+v: want the stranger's refusal and the sandbox's tunnel, each with its client", h.decisionList())
 	}
 }
+
+// TestRefusalsRecentPerSandbox: Refusals tells what the proxy refused one
+// sandbox since a moment (the start of a command), with the sentence sent to
+// the client, keeps only the MaxRecentRefusals latest kinds, and says
+// nothing of other sandboxes or of earlier refusals.
+func TestRefusalsRecentPerSandbox(t *testing.T) {
+	h, _ := publicHarness(t, Config{Rate: rate.Inf}, echo)
+	other := h.serve("sandbox-2")
+
+	before := time.Now()
+	if got := h.p.Refusals("sandbox-1", before); len(got) != 0 {
+		t.Fatalf("refusals before any request: %+v", got)
+	}
+	resp, _, c := h.connect("api.example.com:443")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("allowed CONNECT: %d", resp.StatusCode)
+	}
+	c.Close()
+	for range 3 {
+		if resp, body, _ := h.connect("PyPI.org:443"); resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("pypi.org: %d %q", resp.StatusCode, body)
+		}
+	}
+	if resp, _, _ := roundTrip(t, other, connectReq("evil.example:443")); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("other sandbox: %d", resp.StatusCode)
+	}
+	got := h.p.Refusals("sandbox-1", before)
+	if len(got) != 1 || got[0].Host != "pypi.org" || got[0].Port != 443 || got[0].Status != http.StatusForbidden || got[0].Count != 3 ||
+		!strings.Contains(got[0].Reason, `"pypi.org:443" is not on this server's --allow-host list`) {
+		t.Fatalf("sandbox-1 refusals: %+v", got)
+	}
+	if got := h.p.Refusals("sandbox-2", before); len(got) != 1 || got[0].Host != "evil.example" {
+		t.Fatalf("sandbox-2 refusals: %+v", got)
+	}
+	if got := h.p.Refusals("sandbox-1", time.Now()); len(got) != 0 {
+		t.Fatalf("refusals after the last one: %+v", got)
+	}
+	if got := h.p.Refusals("no-such-sandbox", before); got != nil {
+		t.Fatalf("an unknown sandbox: %+v", got)
+	}
+
+	// Many kinds: only the latest MaxRecentRefusals are kept.
+	for i := range 3 * MaxRecentRefusals {
+		h.connect(fmt.Sprintf("host%d.example:443", i))
+	}
+	got = h.p.Refusals("sandbox-1", before)
+	if len(got) != MaxRecentRefusals || got[0].Host != fmt.Sprintf("host%d.example", 2*MaxRecentRefusals) ||
+		got[len(got)-1].Host != fmt.Sprintf("host%d.example", 3*MaxRecentRefusals-1) {
+		t.Fatalf("after %d kinds, kept %d: %+v", 3*MaxRecentRefusals, len(got), got)
+	}
+}

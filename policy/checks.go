@@ -9,12 +9,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
-// Workspace is the absolute path of every sandbox's workspace.
-const Workspace = agentproto.Workspace
+// Workspace is the absolute path of every sandbox's workspace. The agent's
+// protocol names the same path (agentproto.Workspace; a test checks they
+// agree): policy is pure and imports no wire package.
+const Workspace = "/workspace"
 
 // MaxArgv is the most argv items sandbox_exec takes.
 const MaxArgv = 64
@@ -179,6 +180,10 @@ func WorkspacePath(p string) (string, Decision) {
 	if !utf8.ValidString(p) {
 		return "", Deny(errcode.InvalidArgument, "path is not valid UTF-8")
 	}
+	if strings.HasPrefix(p, "~") {
+		// A model's habit from its own machine: nothing expands ~ here.
+		return "", Deny(errcode.InvalidArgument, "%q starts with ~, which nothing expands here: the workspace is %s; give paths relative to it (src/main.py) or absolute under it (%s/src/main.py)", p, Workspace, Workspace)
+	}
 	rel := p
 	if strings.HasPrefix(p, "/") {
 		c := path.Clean(p)
@@ -280,8 +285,9 @@ func CheckPattern(pattern string) Decision {
 	return Allowed
 }
 
-// MaxEdits is the most edits one sandbox_edit_file call takes.
-const MaxEdits = agentproto.MaxEdits
+// MaxEdits is the most edits one sandbox_edit_file call takes: as many as
+// one agentproto.EditRequest may carry (a test checks they agree).
+const MaxEdits = 100
 
 // CheckEdits decides whether n edits whose strings take total bytes may be
 // sent in one sandbox_edit_file call: at most MaxEdits of them, and their

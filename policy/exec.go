@@ -18,6 +18,21 @@ const MaxCommandBytes = MaxArgvBytes - 64
 // in the image: bash, else sh. Each gets the string as `-c`'s argument.
 var Shells = []string{"bash", "sh"}
 
+// ShellLines reports whether sandbox_exec's command (a shell line) can run
+// under p: not under --exec=deny, and under the allowlist only when a shell
+// (one of Shells, by name or path) is on it. The texts a model reads say
+// so up front; CheckShell decides each call, with the path the image's
+// shell resolves to.
+func (p Policy) ShellLines() bool {
+	switch p.Exec {
+	case ExecDeny:
+		return false
+	case ExecAllowlist:
+		return slices.ContainsFunc(p.AllowCmds, func(c string) bool { return slices.Contains(Shells, path.Base(c)) })
+	}
+	return true
+}
+
 // CheckCommand validates sandbox_exec's choice between argv and command:
 // exactly one is given, and a command is a non-empty string without NUL of
 // at most MaxCommandBytes. argv itself is checked by CheckArgv.

@@ -72,6 +72,15 @@ func TestCheckCommandAndShell(t *testing.T) {
 		t.Fatalf("huge command: %v", d)
 	}
 	p := Default()
+	if !p.ShellLines() {
+		t.Fatalf("--exec=allow runs no shell lines")
+	}
+	for cmds, want := range map[string]bool{"ls": false, "ls /usr/bin/python3": false, "ls bash": true, "/bin/sh": true} {
+		p.Exec, p.AllowCmds = ExecAllowlist, strings.Fields(cmds)
+		if p.ShellLines() != want {
+			t.Errorf("allowlist %q: ShellLines %v, want %v", cmds, !want, want)
+		}
+	}
 	p.Exec, p.AllowCmds = ExecAllowlist, []string{"ls"}
 	d := p.CheckShell("bash", "/usr/bin/bash", map[string]string{"/usr/bin/ls": "ls"})
 	if d.Allow || d.Code != errcode.PolicyDenied || !strings.Contains(d.Reason, "bash") || !strings.Contains(d.Reason, "argv") {
@@ -81,6 +90,9 @@ func TestCheckCommandAndShell(t *testing.T) {
 		t.Fatalf("allowlisted shell: %v", d)
 	}
 	p.Exec, p.AllowCmds = ExecDeny, nil
+	if p.ShellLines() {
+		t.Errorf("--exec=deny runs shell lines")
+	}
 	if d := p.CheckShell("bash", "/usr/bin/bash", nil); d.Code != errcode.PolicyDenied {
 		t.Fatalf("deny: %v", d)
 	}

@@ -69,7 +69,7 @@ const (
 	NetworkAllowlist NetworkMode = "allowlist" // an internal network and the egress proxy
 )
 
-// Defaults, as the README's policy table lists them.
+// Defaults, as docs/policy.md's table lists them.
 const (
 	DefaultMaxFileBytes      = 8 << 20
 	DefaultMaxOutputBytes    = 32 << 10
@@ -78,6 +78,7 @@ const (
 	DefaultExecTimeout       = 60 * time.Second
 	DefaultMaxExecTimeout    = 10 * time.Minute
 	DefaultMaxCallWait       = 50 * time.Second
+	DefaultMaxImagePixels    = 40_000_000
 	DefaultMemory            = 1 << 30
 	DefaultCPUs              = 1.0
 	DefaultPids              = 256
@@ -126,9 +127,13 @@ type Policy struct {
 	// at the latest, its command running on as its job (0: it waits for
 	// the command).
 	MaxCallWait time.Duration `json:"-"`
-	Memory      int64         `json:"memory_bytes"`
-	CPUs        float64       `json:"cpus"`
-	Pids        int64         `json:"pids"`
+	// MaxImagePixels is --max-image-pixels: sandbox_view_image refuses an
+	// image of more pixels (width × height), which a model's client would
+	// scale down or refuse anyway.
+	MaxImagePixels int64   `json:"max_image_pixels"`
+	Memory         int64   `json:"memory_bytes"`
+	CPUs           float64 `json:"cpus"`
+	Pids           int64   `json:"pids"`
 	// MaxExecs is --max-jobs: the number of jobs (foreground and
 	// background commands) one sandbox may run at once.
 	MaxExecs             int         `json:"max_jobs"`
@@ -145,7 +150,7 @@ type Policy struct {
 	MaxSessionInflightBytes int64 `json:"max_session_inflight_bytes"`
 }
 
-// Default returns the policy with every default (see the README's policy
+// Default returns the policy with every default (see docs/policy.md's
 // table).
 func Default() Policy {
 	return Policy{
@@ -157,6 +162,7 @@ func Default() Policy {
 		ExecTimeout:       DefaultExecTimeout,
 		MaxExecTimeout:    DefaultMaxExecTimeout,
 		MaxCallWait:       DefaultMaxCallWait,
+		MaxImagePixels:    DefaultMaxImagePixels,
 		Memory:            DefaultMemory,
 		CPUs:              DefaultCPUs,
 		Pids:              DefaultPids,
@@ -212,6 +218,9 @@ func (p Policy) Validate() error {
 	}
 	if p.MaxCallWait < 0 || (p.MaxCallWait > 0 && p.MaxCallWait < time.Second) {
 		bad("--max-call-wait must be at least 1s (or 0: a call waits for its command, which clients that cap a call at about 60 s give up on)")
+	}
+	if p.MaxImagePixels <= 0 {
+		bad("--max-image-pixels must be positive")
 	}
 	if p.Memory < 16<<20 {
 		bad("--memory must be at least 16 MiB")

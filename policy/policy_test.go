@@ -16,7 +16,7 @@ func TestDefaultIsValid(t *testing.T) {
 	p := Default()
 	if p.Exec != ExecAllow || p.MaxFileBytes != 8<<20 || p.MaxOutputBytes != 32<<10 || p.MaxWorkspaceBytes != 512<<20 ||
 		p.ExecTimeout != time.Minute || p.MaxExecTimeout != 10*time.Minute || p.Memory != 1<<30 || p.CPUs != 1 || p.Pids != 256 || p.Network != NetworkNone {
-		t.Fatalf("defaults differ from the documented ones (README, policy table): %+v", p)
+		t.Fatalf("defaults differ from the documented ones (docs/policy.md, the table): %+v", p)
 	}
 }
 
@@ -199,6 +199,9 @@ func TestWorkspacePath(t *testing.T) {
 		{"ok.txt\x00.png", "", errcode.InvalidArgument},
 		{strings.Repeat("a/", MaxPathBytes), "", errcode.InvalidArgument},
 		{"\xff\xfe", "", errcode.InvalidArgument},
+		{"~", "", errcode.InvalidArgument}, // nothing expands ~: the workspace is /workspace
+		{"~/project/a.py", "", errcode.InvalidArgument},
+		{"a/~b", "a/~b", ""},
 	} {
 		got, d := WorkspacePath(tc.in)
 		if tc.code == "" {
@@ -207,6 +210,8 @@ func TestWorkspacePath(t *testing.T) {
 			}
 		} else if d.Allow || d.Code != tc.code {
 			t.Errorf("WorkspacePath(%q) = %q %v, want %s", tc.in, got, d, tc.code)
+		} else if strings.HasPrefix(tc.in, "~") && !strings.Contains(d.Reason, "the workspace is /workspace") {
+			t.Errorf("WorkspacePath(%q): %q does not say where the workspace is", tc.in, d.Reason)
 		}
 	}
 }

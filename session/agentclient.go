@@ -87,6 +87,17 @@ type ExecResult struct {
 	// OOMKills counts the processes the kernel killed for memory in the
 	// sandbox while the command ran.
 	OOMKills int64
+	// NetworkRefused lists what the egress proxy refused this sandbox
+	// while the command ran (the latest kinds, at most
+	// netproxy.MaxRecentRefusals); nil without a proxy.
+	NetworkRefused []NetworkRefusal
+}
+
+// NetworkRefusal is one kind of request the egress proxy refused a sandbox.
+type NetworkRefusal struct {
+	Host   string
+	Port   int
+	Reason string // the proxy's sentence, as the client got it
 }
 
 // Grace periods the server gives the agent beyond a command's own deadline

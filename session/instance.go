@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
@@ -29,6 +32,11 @@ type instance struct {
 // startInstance starts instance number gen of the sandbox with the given id
 // and waits for its agent. On failure nothing is left behind.
 func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
+	// A tool call waited already, with progress and within its budget;
+	// this covers every other start (the warm pool, the doctor).
+	if err := m.prep.wait(ctx, 0, 0, nil); err != nil {
+		return nil, err
+	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
 	defer cancel()
@@ -97,10 +105,51 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 }
 
 // sandboxEnv is the environment every sandbox container gets. Nothing else
-// of the server's environment enters a sandbox.
+// of the server's environment enters a sandbox. The operator's --env
+// replaces a package manager's setting of the same name.
 func (m *Manager) sandboxEnv() []string {
 	env := []string{"HOME=/tmp"}
+	for _, kv := range m.pmEnv {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.ContainsFunc(m.opts.Env, func(e string) bool { return strings.HasPrefix(e, name+"=") }) {
+			env = append(env, kv)
+		}
+	}
 	return append(env, m.opts.Env...)
+}
+
+// Package registries, as the package managers of the default image reach
+// them.
+const (
+	pipRegistry = "pypi.org"
+	npmRegistry = "registry.npmjs.org"
+)
+
+// packageManagerEnv returns the settings that make pip and npm fail at once
+// where their registry cannot be reached: with no network (allow nil), or
+// when the proxy's allowlist does not have the registry. Without them a
+// refused or unresolvable registry costs pip 10-25 s of retries and npm
+// 73-78 s (its fetch retries back off from 10 s), past the default timeout.
+// Where the registry is allowed they keep their defaults (retries
+// included). No retries, and no version or update checks, which would
+// reach for the network on every run; the messages stay those of a network
+// failure (npm's getaddrinfo EAI_AGAIN), which the exec result explains.
+func packageManagerEnv(allow *netproxy.Allowlist) []string {
+	reachable := func(host string) bool {
+		if allow == nil {
+			return false
+		}
+		_, ok := allow.Match(host, 443)
+		return ok
+	}
+	var env []string
+	if !reachable(pipRegistry) {
+		env = append(env, "PIP_RETRIES=0", "PIP_DISABLE_PIP_VERSION_CHECK=1")
+	}
+	if !reachable(npmRegistry) {
+		env = append(env, "npm_config_fetch_retries=0", "npm_config_update_notifier=false")
+	}
+	return env
 }
 
 // keepAlive pings the agent while the instance lives, so the agent's lease

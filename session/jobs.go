@@ -34,6 +34,9 @@ type JobResult struct {
 	// begins in its stream.
 	Out  [2][]byte
 	From [2]int64
+	// NetworkRefused lists what the egress proxy refused the sandbox
+	// since the job started (see ExecResult.NetworkRefused).
+	NetworkRefused []NetworkRefusal
 }
 
 // JobInfo is one listed job.
@@ -165,6 +168,9 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 		WaitMillis: req.Wait.Milliseconds(), StdoutOffset: req.StdoutOffset, StderrOffset: req.StderrOffset, Max: req.Max,
 		Peek: req.Peek,
 	})
+	if err == nil {
+		res.NetworkRefused = s.m.refusedSince(s.id, time.UnixMilli(res.Status.StartedUnixMilli))
+	}
 	return res, s.failed(inst, err)
 }
 

@@ -141,6 +141,7 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 		"outside address":       "nc -w 2 1.1.1.1 443 </dev/null; echo rc=$?",
 		"dns":                   "nslookup example.com >/dev/null 2>&1; echo rc=$?",
 		"dns at the gateway":    `p=${HTTPS_PROXY##*@}; nslookup example.com ${p%%:*} >/dev/null 2>&1; echo rc=$?`,
+		"the engine's resolver": "nslookup example.com 127.0.0.11 >/dev/null 2>&1; echo rc=$?",
 	} {
 		out := strings.TrimSpace(string(sh(t, sb, script).Stdout))
 		if out == "rc=0" {

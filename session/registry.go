@@ -47,8 +47,13 @@ type Options struct {
 	Client engine.Engine
 	// Image is the base image of every sandbox; it must exist locally.
 	Image string
-	// AgentBinary is the path of the static agent binary added to Image.
+	// AgentBinary is the path of the static agent binary given to every
+	// sandbox.
 	AgentBinary string
+	// AgentMount says how sandboxes get the agent binary (engine.AgentMount*:
+	// "auto", the zero value, bind-mounts it where the engine is local).
+	// Copies for bind mounts are kept in StateDir.
+	AgentMount string
 	// Policy gives the limits, the read-only flag and the allowlist.
 	Policy policy.Policy
 	// Env is the NAME=VALUE list every sandbox gets (the operator's --env).
@@ -129,8 +134,10 @@ type Manager struct {
 	log     *slog.Logger
 	snaps   *snapshot.Store
 	seed    *seed // nil without --workspace-from
+	prep    *preparation
 	pool    *pool
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
+	pmEnv   []string        // package managers' settings (packageManagerEnv)
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -149,8 +156,11 @@ type Manager struct {
 	closed bool
 }
 
-// NewManager checks the engine and the image, builds the runtime image if
-// needed, sweeps what earlier servers left behind, and returns a Manager.
+// NewManager checks the options, reads --workspace-from, and returns a
+// Manager at once: what sandboxes need (the runtime image, the firewall
+// chain; see backend.Backend.Prepare) is prepared in the background, then
+// what earlier servers left behind is swept. Calls that need a sandbox wait
+// for that (WaitPrepared).
 func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Client == nil && opts.Backend == nil {
 		return nil, errors.New("session: Options.Client (or Options.Backend) is required")
@@ -191,12 +201,15 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			return nil, err
 		}
 	}
-	var proxy *netproxy.Proxy
+	var (
+		proxy *netproxy.Proxy
+		allow *netproxy.Allowlist
+	)
 	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
 		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
 	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
-		allow, err := netproxy.ParseAllowlist(opts.Policy.AllowHosts)
+		allow, err = netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
 			return nil, closeSeed(sd, err)
 		}
@@ -221,6 +234,8 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			Client:         opts.Client,
 			Image:          opts.Image,
 			AgentBinary:    opts.AgentBinary,
+			AgentMount:     opts.AgentMount,
+			AgentDir:       filepath.Join(opts.StateDir, "agents"),
 			UID:            opts.UID,
 			GID:            opts.GID,
 			Instance:       opts.Instance,
@@ -240,9 +255,6 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		}
 		be = docker
 	}
-	if err := be.Prepare(ctx); err != nil {
-		return nil, closeSeed(sd, err)
-	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts:    opts,
@@ -253,15 +265,17 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		seed:    sd,
 		pool:    newPool(opts.Warm),
 		proxy:   proxy,
+		pmEnv:   packageManagerEnv(allow),
 		ctx:     mctx,
 		cancel:  cancel,
 		removed: make(chan struct{}),
 		byKey:   make(map[string]*Sandbox),
 		byID:    make(map[string]*Sandbox),
 	}
-	if err := m.Sweep(ctx); err != nil {
-		m.log.Warn("sweep of leftovers failed", "err", err)
-	}
+	m.prep = &preparation{run: m.prepare, log: m.log, ctx: mctx, wg: &m.wg, logEvery: prepareLogEvery}
+	m.prep.mu.Lock()
+	m.prep.start()
+	m.prep.mu.Unlock()
 	if opts.IdleTimeout > 0 {
 		m.wg.Add(1)
 		go m.reapLoop()
@@ -270,12 +284,36 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.wg.Add(1)
 		go m.fillLoop()
 	}
-	if opts.SweepEvery > 0 {
-		m.wg.Add(1)
-		go m.sweepLoop(opts.SweepEvery)
-	}
-	m.log.Info("ready", "image", opts.Image, "runtime_image", m.RuntimeImage())
 	return m, nil
+}
+
+// prepare is one attempt at preparing sandboxes: the backend's Prepare,
+// then, the first time it succeeds, the sweep of what earlier servers left
+// behind (and its loop, with SweepEvery).
+func (m *Manager) prepare(ctx context.Context, step func(backend.Step)) error {
+	if err := m.backend.Prepare(ctx, step); err != nil {
+		return err
+	}
+	step(backend.Step{What: "sweeping what earlier servers left behind"})
+	if err := m.Sweep(ctx); err != nil {
+		m.log.Warn("sweep of leftovers failed", "err", err)
+	}
+	if m.opts.SweepEvery > 0 {
+		m.wg.Add(1)
+		go m.sweepLoop(m.opts.SweepEvery)
+	}
+	m.log.Info("ready", "image", m.opts.Image, "runtime_image", m.RuntimeImage(), "agent_mount", m.AgentMountPath())
+	return nil
+}
+
+// AgentMountPath is the host path of the agent bind-mounted into
+// sandboxes, or "" (the runtime image holds it, or the backend is not
+// Docker's), once prepared.
+func (m *Manager) AgentMountPath() string {
+	if m.docker == nil {
+		return ""
+	}
+	return m.docker.AgentMountPath()
 }
 
 // Instance returns the server instance id used in labels.
@@ -288,6 +326,16 @@ func (m *Manager) RuntimeImage() string {
 		return ""
 	}
 	return m.docker.RuntimeImage()
+}
+
+// Toolbox returns the sandbox image's toolbox manifest (JSON, see
+// engine.LabelToolbox), or "" when the image has none or the backend cannot
+// read it in 2 s (Kubernetes' does not inspect images).
+func (m *Manager) Toolbox(ctx context.Context) string {
+	if m.docker == nil {
+		return ""
+	}
+	return m.docker.Toolbox(ctx)
 }
 
 // Snapshots returns the snapshot store; a caller's snapshots are its view

@@ -200,8 +200,23 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	if req.OnStart != nil {
 		req.OnStart(strconv.FormatUint(req.job.id, 10))
 	}
+	start := time.Now()
 	res, err := inst.conn.exec(ctx, req)
+	res.NetworkRefused = s.m.refusedSince(s.id, start)
 	return res, s.failed(inst, err)
+}
+
+// refusedSince returns what the egress proxy refused the sandbox id at or
+// after t (nil without a proxy).
+func (m *Manager) refusedSince(id string, t time.Time) []NetworkRefusal {
+	if m.proxy == nil {
+		return nil
+	}
+	var out []NetworkRefusal
+	for _, r := range m.proxy.Refusals(id, t) {
+		out = append(out, NetworkRefusal{Host: r.Host, Port: r.Port, Reason: r.Reason})
+	}
+	return out
 }
 
 // Resolve resolves program names the way exec does (see
@@ -347,7 +362,7 @@ func (s *Sandbox) Restore(ctx context.Context, id string) (snapshot.Info, Restor
 func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (snapshot.Info, RestoreResult, error) {
 	info, f, err := s.snaps().Open(id)
 	if errors.Is(err, snapshot.ErrNotFound) {
-		return info, RestoreResult{}, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and resources/list shows them", id)
+		return info, RestoreResult{}, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; sandbox_snapshot makes one, and sandbox_snapshot with list: true shows yours", id)
 	}
 	if err != nil {
 		return info, RestoreResult{}, err

@@ -40,10 +40,13 @@ func newFakeBackend(t *testing.T) *fakeBackend {
 	return &fakeBackend{dir: t.TempDir()}
 }
 
-func (b *fakeBackend) Prepare(context.Context) error { return nil }
-func (b *fakeBackend) Sweep(context.Context) error   { return nil }
+func (b *fakeBackend) Prepare(context.Context, func(backend.Step)) error { return nil }
+func (b *fakeBackend) Sweep(context.Context) error                       { return nil }
 
-func (b *fakeBackend) Start(_ context.Context, spec backend.InstanceSpec) (backend.Instance, error) {
+func (b *fakeBackend) Start(ctx context.Context, spec backend.InstanceSpec) (backend.Instance, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // a start abandoned before it began makes nothing
+	}
 	ws, err := os.MkdirTemp(b.dir, spec.Sandbox+"-")
 	if err != nil {
 		return nil, err

@@ -19,7 +19,7 @@ type sweepCounter struct {
 	fail   bool
 }
 
-func (b *sweepCounter) Prepare(context.Context) error { return nil }
+func (b *sweepCounter) Prepare(context.Context, func(backend.Step)) error { return nil }
 func (b *sweepCounter) Start(context.Context, backend.InstanceSpec) (backend.Instance, error) {
 	return nil, errcode.Errorf(errcode.Unavailable, "this test backend starts nothing")
 }
@@ -71,6 +71,10 @@ func TestSweepOnceByDefault(t *testing.T) {
 	be := &sweepCounter{swept: make(chan struct{}, 8)}
 	m, err := NewManager(context.Background(), Options{Backend: be, StateDir: t.TempDir(), Policy: policy.Default()})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The sweep follows the preparation, in the background.
+	if err := m.WaitPrepared(context.Background(), 0, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Close(context.Background()); err != nil {

@@ -249,3 +249,70 @@ func TestMemoryErrorCodes(t *testing.T) {
 		t.Fatalf("a call that never fits: %q, want TOO_LARGE without a retry", msg)
 	}
 }
+
+// One caller cannot starve another: alone, a caller may hold the whole
+// budget; once another caller waits for bytes (or was refused for want of
+// them in the last shareMemory), the first cannot grow past its fair share,
+// max(total / active callers, per-key share), and the bytes it gives back
+// go to the other.
+func TestBudgetFairShareBetweenCallers(t *testing.T) {
+	b := newBudget(100, 30)
+	now := time.Unix(1000, 0)
+	b.now = func() time.Time { return now }
+	ctx := context.Background()
+	take := func(caller, session string, n int64) *reservation {
+		t.Helper()
+		r, err := b.reserveFor(ctx, key{caller, session}, n, 0)
+		if err != nil {
+			t.Fatalf("%s/%s reserves %d: %v", caller, session, n, err)
+		}
+		return r
+	}
+	// Alone, A takes 90 of 100 over three sessions.
+	a1, a2, a3 := take("A", "a1", 30), take("A", "a2", 30), take("A", "a3", 30)
+	defer a2.release()
+	defer a3.release()
+
+	// B needs 20: it waits for A to give bytes back.
+	got := make(chan error, 1)
+	var br *reservation
+	go func() {
+		var err error
+		br, err = b.reserveFor(ctx, key{"B", "b1"}, 20, forever)
+		got <- err
+	}()
+	waitFor(t, func() bool { _, _, _, w := b.state(""); return w == 1 })
+
+	// While B waits, A cannot take more (its share is 50 of 100), though
+	// the total has room for it.
+	_, err := b.reserveFor(ctx, key{"A", "a4"}, 10, 0)
+	if busy := busyOf(t, err); !busy.caller || busy.used != 90 || busy.limit != 50 || busy.active != 2 {
+		t.Fatalf("A grew past its share while B waited: %+v", busy)
+	}
+	if !strings.Contains(err.Error(), "fair share") || err.(*busyError).ServerWide() {
+		t.Errorf("the refusal does not name the caller's share: %v", err)
+	}
+	// What A gives back goes to B.
+	a1.release()
+	if err := <-got; err != nil {
+		t.Fatalf("B's reservation failed once A gave bytes back: %v", err)
+	}
+	if a, bb := b.callerState("A"), b.callerState("B"); a != 60 || bb != 20 {
+		t.Fatalf("A holds %d and B %d, want 60 and 20", a, bb)
+	}
+	br.release()
+
+	// B refused for want of room (no wait) still counts as active for
+	// shareMemory: A may not take back what B retries for.
+	a1 = take("A", "a1", 30) // A alone again: 90
+	if _, err := b.reserveFor(ctx, key{"B", "b1"}, 20, 0); err == nil || !err.(*busyError).ServerWide() {
+		t.Fatalf("B's 20 fit beside A's 90 of 100: %v", err)
+	}
+	a1.release()
+	if _, err := b.reserveFor(ctx, key{"A", "a1"}, 30, 0); err == nil || !err.(*busyError).caller {
+		t.Fatalf("A took back 30 right after B was refused: %v", err)
+	}
+	take("B", "b1", 20).release()
+	now = now.Add(shareMemory)
+	take("A", "a1", 30).release() // B is gone: A may use it all again
+}

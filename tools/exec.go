@@ -34,17 +34,18 @@ type ExecIn struct {
 
 // ExecOut is sandbox_exec's output.
 type ExecOut struct {
-	Sandbox         string `json:"sandbox" jsonschema:"The sandbox the command ran in."`
-	Job             string `json:"job" jsonschema:"The command's job id: pass it to sandbox_job to read the output kept, or to wait for, feed or signal a background job."`
-	Running         bool   `json:"running,omitempty" jsonschema:"True while the command runs on as its job: started in the background, or still running at the server's call wait (hint says how to follow it)."`
-	ExitCode        *int   `json:"exit_code,omitempty" jsonschema:"The command's exit code, once it ended; 128+N when a signal N ended it."`
-	Stdout          string `json:"stdout" jsonschema:"Standard output; a long one keeps its head and tail with a line saying what was left out. Bytes that are not UTF-8 are replaced with U+FFFD."`
-	Stderr          string `json:"stderr" jsonschema:"Standard error, like stdout."`
-	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"True when part of stdout was left out (hint says how to read it)."`
-	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"True when part of stderr was left out (hint says how to read it)."`
-	TimedOut        bool   `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
-	DurationMS      *int64 `json:"duration_ms,omitempty" jsonschema:"How long the command ran, in milliseconds, once it ended."`
-	Hint            string `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
+	Sandbox         string          `json:"sandbox" jsonschema:"The sandbox the command ran in."`
+	Job             string          `json:"job" jsonschema:"The command's job id: pass it to sandbox_job to read the output kept, or to wait for, feed or signal a background job."`
+	Running         bool            `json:"running,omitempty" jsonschema:"True while the command runs on as its job: started in the background, or still running at the server's call wait (hint says how to follow it)."`
+	ExitCode        *int            `json:"exit_code,omitempty" jsonschema:"The command's exit code, once it ended; 128+N when a signal N ended it."`
+	Stdout          string          `json:"stdout" jsonschema:"Standard output; a long one keeps its head and tail with a line saying what was left out. Bytes that are not UTF-8 are replaced with U+FFFD."`
+	Stderr          string          `json:"stderr" jsonschema:"Standard error, like stdout."`
+	StdoutTruncated bool            `json:"stdout_truncated" jsonschema:"True when part of stdout was left out (hint says how to read it)."`
+	StderrTruncated bool            `json:"stderr_truncated" jsonschema:"True when part of stderr was left out (hint says how to read it)."`
+	TimedOut        bool            `json:"timed_out" jsonschema:"True when the command hit its timeout and was killed."`
+	DurationMS      *int64          `json:"duration_ms,omitempty" jsonschema:"How long the command ran, in milliseconds, once it ended."`
+	NetworkDenied   []NetworkDenied `json:"network_denied,omitempty" jsonschema:"Hosts the command could not reach while it ran, and why (hint says it too): refused by the egress proxy, or, for a failed command, names its output shows did not resolve."`
+	Hint            string          `json:"hint,omitempty" jsonschema:"What the result means and what to call next, when there is something to say."`
 }
 
 func execDef(p policy.Policy) *mcp.Tool {
@@ -56,6 +57,9 @@ func execDef(p policy.Policy) *mcp.Tool {
 	switch p.Exec {
 	case policy.ExecAllowlist:
 		desc += " Only these commands may run: " + joinComma(p.AllowCmds) + "."
+		if !p.ShellLines() {
+			desc += " argv only; shell lines (command) are refused here."
+		}
 	case policy.ExecDeny:
 		desc += " This server does not run commands; every call is refused."
 	}
@@ -86,6 +90,9 @@ func execInputSchema(p policy.Policy) *jsonschema.Schema {
 		to.Minimum = new(float64(0))
 		to.Maximum = new(float64(p.MaxExecTimeout.Milliseconds()))
 		to.Description += fmt.Sprintf(" Default %d, at most %d.", p.ExecTimeout.Milliseconds(), p.MaxExecTimeout.Milliseconds())
+		if p.Exec == policy.ExecAllowlist && !p.ShellLines() {
+			s.Properties["command"].Description = "Refused here: this server's allowlist has no shell. Use argv."
+		}
 	})
 }
 
@@ -207,7 +214,12 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	if !in.Background {
 		// Clients cap a whole call (about 60 s): past this the command
 		// goes on as its job, and the result says how to follow it.
+		// The time the call waited for sandboxes to be prepared is
+		// part of it.
 		req.MaxWait = p.MaxCallWait
+		if p.MaxCallWait > 0 && c.waited > 0 {
+			req.MaxWait = max(p.MaxCallWait-c.waited, time.Second)
+		}
 	}
 	var prog *progress
 	stopBeating := func() {}
@@ -215,6 +227,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	var following sync.WaitGroup
 	if tok := c.req.Params.GetProgressToken(); tok != nil && !in.Background {
 		prog = newProgress(ctx, c.req.Session, tok)
+		prog.sent = c.progressed // after the preparation's, if any
 		stopBeating = prog.keepAlive(d.beat(), time.Now())
 		req.OnOutput = prog.output
 		// Past the live output (the result's cap per stream), progress
@@ -271,7 +284,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	case res.TimedOut:
 		notes = append(notes, timedOut(timeout).Message)
 	default:
-		notes = append(notes, exitMeaning(res.ExitCode, res.Signal))
+		notes = append(notes, exitMeaning(res.ExitCode, res.Signal, len(res.Stderr)+len(res.StderrTail) > 0 || res.StderrOmitted > 0))
 	}
 	if !res.Running {
 		out.ExitCode, out.DurationMS = &res.ExitCode, ptr(res.Duration.Milliseconds())
@@ -279,6 +292,10 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	if res.OOMKills > 0 {
 		notes = append(notes, outOfMemory(p))
 	}
+	failed := res.TimedOut || (!res.Running && res.ExitCode != 0)
+	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
+	out.NetworkDenied = denied
+	notes = append(notes, netHint)
 	if res.PipesHeld {
 		notes = append(notes, fmt.Sprintf("A process the command started (or one that took its output) still holds its stdout or stderr, so the result has what was read until the command ended; "+
 			"what it writes later is kept in job %s (sandbox_job reads it). Redirect a background process's output (> file 2>&1 &) so the call need not wait for it", res.Job))
@@ -299,12 +316,10 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 	c.exit = out.ExitCode
 	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
-	// The output travels once where it can (as a read's content does): a
-	// client that shows structured content finds it there, and the text
-	// repeats it only when it is short, for a client older than structured
-	// content, or for an error (clients show an error's text).
-	full := out.TimedOut || textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
-	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out, full)}}}
+	// Every client shows the model one of the two copies, the structured
+	// content or the text, so the text carries the output too (the output
+	// cap bounds both).
+	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
 	if out.TimedOut {
 		result.SetError(timedOut(timeout)) // the text below starts with it
 	}
@@ -317,9 +332,8 @@ func timedOut(timeout time.Duration) *errcode.Error {
 }
 
 // renderExec is the text a model reads where a client shows the text: a
-// status line, each stream (or, unless full, where to find it), and the
-// hint.
-func renderExec(out ExecOut, full bool) string {
+// status line, each stream, and the hint.
+func renderExec(out ExecOut) string {
 	var b strings.Builder
 	switch {
 	case out.TimedOut:
@@ -342,12 +356,8 @@ func renderExec(out ExecOut, full bool) string {
 			b.WriteByte('\n')
 		}
 	}
-	if full {
-		section("stdout", out.Stdout)
-		section("stderr", out.Stderr)
-	} else {
-		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
-	}
+	section("stdout", out.Stdout)
+	section("stderr", out.Stderr)
 	if out.Hint != "" && !out.TimedOut {
 		b.WriteString("--- hint ---\n" + out.Hint + "\n")
 	}

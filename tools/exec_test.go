@@ -8,11 +8,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// TestLongOutputTravelsOnce: an exec whose output is long carries it once,
-// in the structured result, and its text says where it is and keeps the
-// hint; a short one is in the text too; a client older than structured
-// content gets the output in the text.
-func TestLongOutputTravelsOnce(t *testing.T) {
+// TestTextCarriesTheOutput: an exec whose output is long carries it in
+// the text as in the structured result (each kind of client shows the
+// model one of them), hint included; a client that negotiated a version
+// older than structured content gets the text alone, and so does one
+// that asked for a version the server does not serve only when that
+// version is what was negotiated.
+func TestTextCarriesTheOutput(t *testing.T) {
 	r := newRig(t, nil)
 	res := r.call(NameExec, map[string]any{"argv": []string{"seq", "1", "20000"}})
 	sc := res.StructuredContent.(map[string]any)
@@ -21,18 +23,25 @@ func TestLongOutputTravelsOnce(t *testing.T) {
 		t.Fatalf("structured: %d bytes, hint %q", len(stdout), sc["hint"])
 	}
 	txt := text(res)
-	if strings.Contains(txt, "19999\n20000") || !strings.Contains(txt, "in the result's stdout") || !strings.Contains(txt, "stdout_offset") {
-		t.Fatalf("the long output travels twice, or the text lacks where it is: %.300q", txt)
-	}
-	if txt := text(r.call(NameExec, map[string]any{"command": "echo short"})); !strings.Contains(txt, "short\n") {
-		t.Fatalf("a short output is not in the text: %q", txt)
+	if !strings.Contains(txt, stdout) || strings.Contains(txt, "in the result's stdout") || !strings.Contains(txt, "stdout_offset") {
+		t.Fatalf("the text lacks the output or the hint: %.300q", txt)
 	}
 
 	ctx := context.Background()
 	old := connect(t, r.d, &mcp.ClientSessionOptions{ProtocolVersion: "2025-03-26"})
 	res, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameExec, Arguments: map[string]any{"argv": []string{"seq", "1", "20000"}}})
-	if err != nil || res.IsError || !strings.Contains(text(res), "19999\n20000\n") {
-		t.Fatalf("an old client's exec: %v %.300q", err, text(res))
+	if err != nil || res.IsError || !strings.Contains(text(res), "19999\n20000\n") || res.StructuredContent != nil {
+		t.Fatalf("an old client's exec: %v %.300q, structured %T", err, text(res), res.StructuredContent)
+	}
+	// 2024-10-07 is no version the server serves: it negotiates its
+	// latest, which has structured content.
+	odd := connect(t, r.d, &mcp.ClientSessionOptions{ProtocolVersion: "2024-10-07"})
+	if v := odd.InitializeResult().ProtocolVersion; v < "2025-06-18" {
+		t.Fatalf("negotiated %s", v)
+	}
+	res, err = odd.CallTool(ctx, &mcp.CallToolParams{Name: NameExec, Arguments: map[string]any{"argv": []string{"echo", "hi"}}})
+	if err != nil || res.StructuredContent == nil || !strings.Contains(text(res), "hi\n") {
+		t.Fatalf("a client that negotiated a newer version: %v %q, structured %v", err, text(res), res.StructuredContent)
 	}
 	r.idle()
 }

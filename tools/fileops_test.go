@@ -134,10 +134,12 @@ func TestReadReturnsAWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := old.CallTool(ctx, &mcp.CallToolParams{Name: NameReadFile, Arguments: map[string]any{"path": "long.txt"}})
-	if err != nil || res.IsError {
-		t.Fatalf("an old client's read: %v %.200q", err, text(res))
+	if err != nil || res.IsError || res.StructuredContent != nil {
+		t.Fatalf("an old client's read: %v %.200q, structured %T", err, text(res), res.StructuredContent)
 	}
-	check(res)
+	if txt := text(res); !strings.HasSuffix(txt, "\n"+long[:fit*17]) || !strings.Contains(txt, fmt.Sprintf("read on with offset=%d", fit+1)) {
+		t.Fatalf("an old client's text lacks the content or where to read on: %.300q", txt)
+	}
 	if out := r.ok(NameReadFile, map[string]any{"path": "long.txt", "limit": 5000}); out["content"] != long || out["truncated"] != false || out["next_offset"] != nil {
 		t.Fatalf("a read with a limit: %d bytes, %v", len(out["content"].(string)), out["truncated"])
 	}

@@ -260,7 +260,7 @@ func TestRefusalsComeBeforeTheSandbox(t *testing.T) {
 		{"list outside", nil, NameList, map[string]any{"path": "../.."}, errcode.OutsideWorkspace, ""},
 		{"list too many", nil, NameList, map[string]any{"max_entries": policy.MaxListEntries + 1}, errcode.InvalidArgument, ""},
 		{"restore read-only", readOnly, NameRestore, map[string]any{"id": "snap-0123456789abcdef0123"}, errcode.ReadOnly, ""},
-		{"restore bad id", nil, NameRestore, map[string]any{"id": "../../etc"}, errcode.InvalidArgument, "not a snapshot id"},
+		{"restore empty id", nil, NameRestore, map[string]any{"id": ""}, errcode.InvalidArgument, "list: true"},
 		{"snapshot unknown argument", nil, NameSnapshot, map[string]any{"labels": "x"}, errcode.InvalidArgument, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -314,7 +314,7 @@ func TestExecRendering(t *testing.T) {
 		t.Errorf("calls\n%q\nwant\n%q", calls, wantCalls)
 	}
 	wantText := "exit code 3 (12 ms, job j1)\n--- stdout ---\nhi\n--- stderr ---\nbad \uFFFD\n--- hint ---\n" +
-		"exit code 3: the command failed; its stderr usually says why. stderr was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64).\n"
+		"stderr was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64).\n"
 	if got := text(res); got != wantText {
 		t.Errorf("text\n%q\nwant\n%q", got, wantText)
 	}
@@ -531,5 +531,55 @@ func TestSnapshotDeleteWorksInNoSandbox(t *testing.T) {
 	}
 	if res := r.call(NameDeleteSnapshot, map[string]any{"id": mine.ID, "sandbox": "sb-1"}); !res.IsError || !strings.HasPrefix(text(res), "INVALID_ARGUMENT") {
 		t.Errorf("a sandbox argument: isError %v, text %q", res.IsError, text(res))
+	}
+}
+
+// TestSnapshotListMakesNoSandbox: sandbox_snapshot's list mode lists the
+// caller's snapshots alone, newest first, in the text and the structured
+// result, and resolves and makes no sandbox; sandbox_restore turns a
+// label and latest into the caller's ids before it asks the sandbox.
+func TestSnapshotListMakesNoSandbox(t *testing.T) {
+	r := newFakeRig(t, nil)
+	fill := func(w io.Writer) error { _, err := w.Write(make([]byte, 1024)); return err }
+	old, err := r.f.snaps.For("").Create("old", "sb-1", fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // distinct creation times
+	newer, err := r.f.snaps.For("").Create("", "sb-1", fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.f.snaps.For("someone else").Create("theirs", "sb-2", fill); err != nil {
+		t.Fatal(err)
+	}
+	res := r.call(NameSnapshot, map[string]any{"list": true})
+	out := structured(t, res)
+	snaps, _ := out["snapshots"].([]any)
+	if res.IsError || len(snaps) != 2 || snaps[0].(map[string]any)["id"] != newer.ID || snaps[1].(map[string]any)["label"] != "old" {
+		t.Fatalf("list: %v", out)
+	}
+	if txt := text(res); !strings.Contains(txt, newer.ID) || !strings.Contains(txt, `label "old"`) || strings.Contains(txt, "theirs") || strings.Index(txt, newer.ID) > strings.Index(txt, old.ID) {
+		t.Errorf("text %q", txt)
+	}
+	if calls := r.f.made(); slices.ContainsFunc(calls, func(c string) bool { return c != "Snapshots" }) {
+		t.Errorf("a list asked the sandboxes for %q, want the snapshot store only", calls)
+	}
+	for args, code := range map[string]errcode.Code{`{"list": true, "label": "x"}`: errcode.InvalidArgument, `{"id": "theirs"}`: errcode.NotFound} {
+		tool := NameSnapshot
+		if strings.Contains(args, "id") {
+			tool = NameRestore
+		}
+		var m map[string]any
+		json.Unmarshal([]byte(args), &m)
+		if got := text(r.call(tool, m)); !strings.HasPrefix(got, string(code)+": ") {
+			t.Errorf("%s %s: %q, want %s", tool, args, got, code)
+		}
+	}
+	for name, id := range map[string]string{"old": old.ID, "latest": newer.ID} {
+		r.call(NameRestore, map[string]any{"id": name}) // the fake restores nothing
+		if calls := r.f.made(); !slices.Contains(calls, fmt.Sprintf("Restore %s", id)) {
+			t.Errorf("restore %q asked %q, want %s", name, calls, id)
+		}
 	}
 }

@@ -8,23 +8,27 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// defaultImageTools are what the default image offers a model, in a few
-// words (image/Dockerfile has the full list).
-const defaultImageTools = "bash, coreutils, git, curl, jq, ripgrep (rg), python3 with pip and venv, Node.js with npm, gcc, g++ and make"
-
 // Instructions returns the server's instructions, which a client gives the
 // model once, with the tools: what the sandbox is, what it has, what lasts
 // between calls and what does not, and the policy, all from the server's
 // configuration (v; defaultImage is the default image's tag, to tell the
-// toolbox from an operator's image). It is short: clients put it in every
+// toolbox from an operator's image). What the image has and lacks comes from
+// its manifest (v.Toolbox), which the image's build wrote. It is short: clients put it in every
 // conversation.
 func Instructions(v PolicyView, defaultImage string) string {
 	p := v.Policy
 	var b strings.Builder
 	b.WriteString("Each session gets its own sandbox: a Linux container, made at your first call and removed when the session ends. ")
-	if v.Image == "" || v.Image == defaultImage {
-		b.WriteString("It has " + defaultImageTools + ". ")
-	} else {
+	switch {
+	case v.Toolbox != nil:
+		if v.Image != "" && v.Image != defaultImage {
+			fmt.Fprintf(&b, "Its image is %s, the operator's choice, built on this server's toolbox. ", v.Image)
+		}
+		b.WriteString(v.Toolbox.sentence())
+		b.WriteString("Nothing installs system-wide (the root filesystem is read-only): pip and npm install into the workspace or $HOME. ")
+	case v.Image == "" || v.Image == defaultImage:
+		b.WriteString("Its image is this server's toolbox; list its tools with `ls /usr/local/bin /usr/bin`. ")
+	default:
 		fmt.Fprintf(&b, "Its image is %s, the operator's choice; list its tools with `ls /usr/local/bin /usr/bin`. ", v.Image)
 	}
 	switch {
@@ -40,7 +44,11 @@ func Instructions(v PolicyView, defaultImage string) string {
 	b.WriteString("Files under /workspace last for the session (tool paths are relative to it; sandbox_snapshot keeps them longer); " +
 		"the rest of the filesystem is read-only but a small /tmp. ")
 	if p.Exec != policy.ExecDeny {
-		b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
+		if p.ShellLines() {
+			b.WriteString("Each command runs afresh: the working directory, exported variables and shell state do not carry over to the next call, so pass cwd and env, or chain steps in one shell line (command). ")
+		} else {
+			b.WriteString("Each command runs afresh: the working directory and variables do not carry over to the next call, so pass cwd and env. ")
+		}
 		fmt.Fprintf(&b, "A command is killed with everything it started after timeout_ms (default %s, at most %s). ", shortDuration(p.ExecTimeout), shortDuration(p.MaxExecTimeout))
 		if p.MaxCallWait > 0 {
 			fmt.Fprintf(&b, "A call returns within %s: a command still running then goes on as its job (running: true); follow it with sandbox_job wait_ms. ", shortDuration(p.MaxCallWait))
@@ -56,6 +64,9 @@ func Instructions(v PolicyView, defaultImage string) string {
 		b.WriteString("no commands run here; use the file tools. ")
 	case policy.ExecAllowlist:
 		fmt.Fprintf(&b, "only these programs run: %s. ", strings.Join(p.AllowCmds, ", "))
+		if !p.ShellLines() {
+			b.WriteString("argv only; shell lines are refused here. ")
+		}
 	default:
 		b.WriteString("any command may run. ")
 	}

@@ -32,17 +32,18 @@ type JobIn struct {
 
 // JobOut is sandbox_job's output.
 type JobOut struct {
-	Sandbox      string     `json:"sandbox" jsonschema:"The sandbox of the job."`
-	Job          string     `json:"job,omitempty" jsonschema:"The job id."`
-	State        string     `json:"state,omitempty" jsonschema:"running, exited or killed."`
-	ExitCode     *int       `json:"exit_code,omitempty" jsonschema:"The exit code, once the job ended; 128+N when a signal N ended it."`
-	Stdout       string     `json:"stdout" jsonschema:"Standard output read (what is new, or from stdout_offset), at most the output cap."`
-	Stderr       string     `json:"stderr" jsonschema:"Standard error read, like stdout."`
-	StdoutOffset int64      `json:"stdout_offset" jsonschema:"The byte after the stdout returned: pass it back to read on."`
-	StderrOffset int64      `json:"stderr_offset" jsonschema:"The byte after the stderr returned."`
-	DroppedBytes int64      `json:"dropped_bytes" jsonschema:"Oldest output no longer kept (past the job's output cap), both streams."`
-	Hint         string     `json:"hint,omitempty" jsonschema:"What the result means and what to call next."`
-	Jobs         []JobEntry `json:"jobs,omitempty" jsonschema:"Without job: the sandbox's jobs, oldest first."`
+	Sandbox       string          `json:"sandbox" jsonschema:"The sandbox of the job."`
+	Job           string          `json:"job,omitempty" jsonschema:"The job id."`
+	State         string          `json:"state,omitempty" jsonschema:"running, exited or killed."`
+	ExitCode      *int            `json:"exit_code,omitempty" jsonschema:"The exit code, once the job ended; 128+N when a signal N ended it."`
+	Stdout        string          `json:"stdout" jsonschema:"Standard output read (what is new, or from stdout_offset), at most the output cap."`
+	Stderr        string          `json:"stderr" jsonschema:"Standard error read, like stdout."`
+	StdoutOffset  int64           `json:"stdout_offset" jsonschema:"The byte after the stdout returned: pass it back to read on."`
+	StderrOffset  int64           `json:"stderr_offset" jsonschema:"The byte after the stderr returned."`
+	DroppedBytes  int64           `json:"dropped_bytes" jsonschema:"Oldest output no longer kept (past the job's output cap), both streams."`
+	NetworkDenied []NetworkDenied `json:"network_denied,omitempty" jsonschema:"Hosts the job could not reach since it started, and why (see sandbox_exec)."`
+	Hint          string          `json:"hint,omitempty" jsonschema:"What the result means and what to call next."`
+	Jobs          []JobEntry      `json:"jobs,omitempty" jsonschema:"Without job: the sandbox's jobs, oldest first."`
 }
 
 // JobEntry is one listed job.
@@ -160,7 +161,7 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 		notes = append(notes, fmt.Sprintf("Job %s was ended by %s (exit code %d)", in.Job, st.Signal, st.ExitCode))
 	default:
 		notes = append(notes, fmt.Sprintf("Job %s exited with code %d", in.Job, st.ExitCode))
-		notes = append(notes, exitMeaning(st.ExitCode, ""))
+		notes = append(notes, exitMeaning(st.ExitCode, "", st.StderrBytes > 0))
 	}
 	if more := (st.StdoutBytes - out.StdoutOffset) + (st.StderrBytes - out.StderrOffset); more > 0 {
 		notes = append(notes, fmt.Sprintf("%d more bytes of output are kept: call again to read on (stdout_offset %d, stderr_offset %d)", more, out.StdoutOffset, out.StderrOffset))
@@ -180,9 +181,12 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 	if out.DroppedBytes > 0 {
 		notes = append(notes, longLog)
 	}
+	failed := st.State != agentproto.JobRunning && st.ExitCode != 0
+	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
+	out.NetworkDenied = denied
+	notes = append(notes, netHint)
 	out.Hint = joinHints(notes...)
-	full := textOnly(c.req) || len(out.Stdout)+len(out.Stderr) <= inlineTextBytes
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out, full)}}}, out, nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
 }
 
 func jobEntry(j session.JobInfo) JobEntry {
@@ -212,20 +216,17 @@ func renderJobs(out JobOut) string {
 	return b.String()
 }
 
-// renderJob is the text of a job result; unless full, the output is only
-// in the structured result (see renderExec).
-func renderJob(out JobOut, full bool) string {
+// renderJob is the text of a job result: its state, the output read and
+// the hint, as the structured result has them (see renderExec).
+func renderJob(out JobOut) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s %s", out.Job, out.State)
 	if out.ExitCode != nil {
 		fmt.Fprintf(&b, " (exit code %d)", *out.ExitCode)
 	}
 	fmt.Fprintf(&b, "; stdout_offset %d, stderr_offset %d\n", out.StdoutOffset, out.StderrOffset)
-	if !full {
-		fmt.Fprintf(&b, "[%d bytes of stdout and %d of stderr: in the result's stdout and stderr fields]\n", len(out.Stdout), len(out.Stderr))
-	}
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
-		if s.text == "" || !full {
+		if s.text == "" {
 			continue
 		}
 		fmt.Fprintf(&b, "--- %s ---\n%s", s.name, s.text)

@@ -208,7 +208,7 @@ func TestResultsMatchTheirSchemas(t *testing.T) {
 	for i := range bin {
 		bin[i] = byte(i * 7)
 	}
-	png := append([]byte("\x89PNG\r\n\x1a\n"), bin[:1000]...)
+	png := pngOf(t, 20, 10)
 	r.ok(NameWriteFile, map[string]any{"path": "t.txt", "content": "héllo <world>\n"})
 	r.ok(NameWriteFile, map[string]any{"path": "b.bin", "content": base64.StdEncoding.EncodeToString(bin), "encoding": "base64"})
 	r.ok(NameWriteFile, map[string]any{"path": "i.png", "content": base64.StdEncoding.EncodeToString(png), "encoding": "base64"})

@@ -74,8 +74,10 @@ func (s cutStream) text() string {
 	return head + "[... " + s.note() + " ...]\n" + toText(s.tail)
 }
 
-// exitMeaning says what an exit code usually means, for the hint.
-func exitMeaning(code int, signal string) string {
+// exitMeaning says what an exit code usually means, for the hint. The
+// generic sentence for a failure is left out when the command wrote to
+// stderr (wroteStderr): the model reads why there.
+func exitMeaning(code int, signal string, wroteStderr bool) string {
 	switch {
 	case code == 0:
 		return ""
@@ -87,8 +89,10 @@ func exitMeaning(code int, signal string) string {
 		return "exit code 127: the shell did not find the command; check its name and that it is installed in the image"
 	case code > 128 && code < 128+65:
 		return fmt.Sprintf("exit code %d: the command died of signal %d (%s)", code, code-128, unix.SignalName(unix.Signal(code-128)))
+	case wroteStderr:
+		return ""
 	}
-	return fmt.Sprintf("exit code %d: the command failed; its stderr usually says why", code)
+	return fmt.Sprintf("exit code %d: the command failed and wrote nothing to stderr; its stdout may say why", code)
 }
 
 // joinHints joins the non-empty sentences.

@@ -66,9 +66,17 @@ func TestCutStreamSaysWhereTheRestIs(t *testing.T) {
 		t.Fatalf("whole: %q %q", whole.text(), whole.note())
 	}
 	for code, want := range map[int]string{0: "", 1: "failed", 127: "did not find", 137: "signal 9 (SIGKILL)"} {
-		if got := exitMeaning(code, ""); !strings.Contains(got, want) || (want == "") != (got == "") {
+		if got := exitMeaning(code, "", false); !strings.Contains(got, want) || (want == "") != (got == "") {
 			t.Errorf("exitMeaning(%d) = %q, want %q in it", code, got, want)
 		}
+	}
+	// A failure whose stderr says why needs no sentence saying so; what
+	// an exit code always means is still said.
+	if got := exitMeaning(1, "", true); got != "" {
+		t.Errorf("exitMeaning(1) with stderr = %q, want none", got)
+	}
+	if got := exitMeaning(127, "", true); !strings.Contains(got, "did not find") {
+		t.Errorf("exitMeaning(127) with stderr = %q", got)
 	}
 	if got := joinHints("a.", "", " b "); got != "a. b." {
 		t.Fatalf("joinHints: %q", got)

@@ -83,11 +83,6 @@ var readRenamed = map[string]string{
 	"length":     "limit is a number of lines (with offset); byte_length a number of bytes (with byte_offset)",
 }
 
-// inlineTextBytes is how much text a read also puts in its text content
-// for a client that reads structured content (see textOnly): a short file
-// is shown in full either way, a longer one travels once.
-const inlineTextBytes = 16 << 10
-
 func (in ReadIn) target() string { return in.Sandbox }
 
 // readReq is a read policy let through: the input with its path made
@@ -349,17 +344,6 @@ func markCuts(data []byte, first int64, cuts []agentproto.LineCut, partial bool)
 	}
 	b.Write(rest)
 	return b.String()
-}
-
-// textOnly reports whether the client of a call negotiated a protocol
-// version from before structured content (2025-06-18), so it reads only a
-// result's text content.
-func textOnly(req *mcp.CallToolRequest) bool {
-	if req == nil || req.Session == nil {
-		return false
-	}
-	p := req.Session.InitializeParams()
-	return p != nil && p.ProtocolVersion != "" && p.ProtocolVersion < "2025-06-18"
 }
 
 // imageType returns the MIME type of PNG, JPEG, GIF and WebP data, or "".

@@ -13,7 +13,13 @@ type Tool struct {
 // All returns every tool, bound to d.
 func All(d *Deps) []Tool {
 	if d.budget == nil {
-		d.budget = newBudget(d.Policy.MaxInflightBytes, d.Policy.MaxSessionInflightBytes)
+		if d.Memory == nil {
+			d.Memory = NewMemory(d.Policy)
+		}
+		d.budget = d.Memory.b
+	}
+	if d.versions == nil {
+		d.versions = newVersions()
 	}
 	return []Tool{
 		tool(execDef(d.Policy), wrap(d, NameExec, d.checkExec, d.exec)),
@@ -25,7 +31,7 @@ func All(d *Deps) []Tool {
 		tool(moveDef(d.Policy), wrap(d, NameMove, d.checkMove, d.move)),
 		tool(viewImageDef(), wrap(d, NameViewImage, checkViewImage, d.viewImage)),
 		tool(listDef(), wrap(d, NameList, checkList, d.list)),
-		tool(snapshotDef(), wrap(d, NameSnapshot, as, d.snapshot)),
+		tool(snapshotDef(), wrap(d, NameSnapshot, checkSnapshot, d.snapshot)),
 		tool(restoreDef(), wrap(d, NameRestore, d.checkRestore, d.restore)),
 		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, d.deleteSnapshot)),
 	}
@@ -41,7 +47,7 @@ func Register(s *mcp.Server, d *Deps) {
 		t.add(s, t.Def)
 	}
 	registerResources(s, d)
-	s.AddReceivingMiddleware(codeErrors, d.listSnapshots, d.holdArguments)
+	s.AddReceivingMiddleware(d.versions.record, acceptHabits, codeErrors, d.listSnapshots, d.holdArguments)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -28,13 +28,16 @@ const (
 // it. Durations are in milliseconds; secrets never appear.
 type PolicyView struct {
 	policy.Policy
-	ExecTimeoutMS    int64    `json:"exec_timeout_ms"`
-	MaxExecTimeoutMS int64    `json:"max_exec_timeout_ms"`
-	MaxCallWaitMS    int64    `json:"max_call_wait_ms"`
-	MaxArgvBytes     int      `json:"max_argv_bytes"`
-	MaxEnvBytes      int      `json:"max_env_bytes"`
-	Image            string   `json:"image,omitempty"`
-	EnvNames         []string `json:"env,omitempty"`
+	ExecTimeoutMS    int64  `json:"exec_timeout_ms"`
+	MaxExecTimeoutMS int64  `json:"max_exec_timeout_ms"`
+	MaxCallWaitMS    int64  `json:"max_call_wait_ms"`
+	MaxArgvBytes     int    `json:"max_argv_bytes"`
+	MaxEnvBytes      int    `json:"max_env_bytes"`
+	Image            string `json:"image,omitempty"`
+	// Toolbox is the image's manifest (what it has and lacks), when the
+	// image carries one and the backend can read it.
+	Toolbox  *Toolbox `json:"toolbox,omitempty"`
+	EnvNames []string `json:"env,omitempty"`
 	// Secrets are the variables that hold a placeholder the egress proxy
 	// replaces by a real credential in requests to the hosts listed.
 	Secrets []SecretView `json:"secrets,omitempty"`
@@ -130,7 +133,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 			// The archive is read once, into a buffer of its size, under a
 			// reservation of what it and its base64 in the response take,
 			// counted against the server and the reading session.
-			r, err := d.budget.reserve(ctx, budgetKey(req.Session), policy.ResourceReserve(size), reserveWait)
+			r, err := d.budget.reserveFor(ctx, d.budgetKey(req), policy.ResourceReserve(size), reserveWait)
 			if err != nil {
 				return nil, resourceError(memoryError(err, ""))
 			}

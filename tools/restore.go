@@ -8,7 +8,6 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // NameRestore is the name of the tool that restores a snapshot.
@@ -16,7 +15,7 @@ const NameRestore = "sandbox_restore"
 
 // RestoreIn is sandbox_restore's input.
 type RestoreIn struct {
-	ID      string `json:"id" jsonschema:"The snapshot to restore, as sandbox_snapshot returned it (snap-...)."`
+	ID      string `json:"id" jsonschema:"The snapshot to restore: its id (snap-...), its label if no other snapshot of yours has it, or latest for your newest."`
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox id to restore into. Default: this session's sandbox."`
 }
 
@@ -34,7 +33,7 @@ func restoreDef() *mcp.Tool {
 		Name:  NameRestore,
 		Title: "Restore a snapshot into the sandbox",
 		Description: "Use it to roll the workspace back to a snapshot, or to start from one another session of yours made, rather than copying files with sandbox_exec. " +
-			"It replaces the whole workspace: files not in the snapshot are removed; processes are not in a snapshot. resources/list shows your snapshots.",
+			"It replaces the whole workspace: files not in the snapshot are removed; processes are not in a snapshot. sandbox_snapshot with list: true shows your snapshots.",
 		InputSchema:  inputSchema[RestoreIn](nil),
 		OutputSchema: outputSchema[RestoreOut](),
 		Annotations: &mcp.ToolAnnotations{
@@ -52,8 +51,8 @@ func (d *Deps) checkRestore(in RestoreIn) (RestoreIn, error) {
 	if dec := d.Policy.CanWrite(); !dec.Allow {
 		return in, dec.Err()
 	}
-	if !snapshot.ValidID(in.ID) {
-		return in, errcode.Errorf(errcode.InvalidArgument, "%q is not a snapshot id; ids look like snap-0123456789abcdef0123", in.ID)
+	if in.ID == "" {
+		return in, errcode.Errorf(errcode.InvalidArgument, "id is empty: give a snapshot's id (snap-...), its label, or latest; %s", listYours)
 	}
 	return in, nil
 }
@@ -63,13 +62,21 @@ func (d *Deps) restore(ctx context.Context, c *call, sb Sandbox, in RestoreIn) (
 	if err := d.reserve(ctx, c, policy.StreamReserve(), reserveWait, ""); err != nil {
 		return nil, out, err
 	}
-	info, res, err := sb.Restore(ctx, in.ID)
+	id, err := d.resolveSnapshot(c, in.ID)
+	if err != nil {
+		return nil, out, err
+	}
+	info, res, err := sb.Restore(ctx, id)
 	if err != nil {
 		return nil, out, err
 	}
 	out.ID, out.Files, out.Bytes, out.Skipped = info.ID, res.Files, res.Bytes, res.Skipped
 	c.bytes = res.Bytes
-	text := fmt.Sprintf("restored %s (%d entries, %d bytes) into sandbox %s; the workspace now holds exactly the snapshot", info.ID, res.Files, res.Bytes, sb.ID())
+	label := ""
+	if info.Label != "" {
+		label = fmt.Sprintf(" (label %q)", info.Label)
+	}
+	text := fmt.Sprintf("restored %s%s (%d entries, %d bytes) into sandbox %s; the workspace now holds exactly the snapshot", info.ID, label, res.Files, res.Bytes, sb.ID())
 	if res.Skipped > 0 {
 		text += fmt.Sprintf("; %d special files (devices, FIFOs, sockets) were left out", res.Skipped)
 	}

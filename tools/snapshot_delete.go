@@ -41,7 +41,7 @@ func deleteSnapshotDef() *mcp.Tool {
 }
 
 func (in DeleteSnapshotIn) target() string { return "" }
-func (DeleteSnapshotIn) inNoSandbox()      {}
+func (DeleteSnapshotIn) inNoSandbox() bool { return true }
 
 // deleteSnapshot deletes one of the caller's snapshots. It works in no
 // sandbox: sb is nil.
@@ -49,7 +49,7 @@ func (d *Deps) deleteSnapshot(ctx context.Context, c *call, _ Sandbox, in Delete
 	var out DeleteSnapshotOut
 	err := d.Sessions.snapshotsOf(d.Sessions.Owner(c.req)).Delete(in.ID)
 	if errors.Is(err, snapshot.ErrNotFound) {
-		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; resources/list shows your snapshots", in.ID)
+		return nil, out, errcode.Errorf(errcode.NotFound, "no snapshot %q belongs to you; %s", in.ID, listYours)
 	}
 	if err != nil {
 		return nil, out, err

@@ -1,10 +1,16 @@
 package tools
 
 import (
+	"bytes"
 	"context"
+	"image"
+	_ "image/gif" // image.DecodeConfig reads the types sandbox_view_image takes
+	_ "image/jpeg"
+	_ "image/png"
 	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	_ "golang.org/x/image/webp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
@@ -52,6 +58,9 @@ func checkViewImage(in ViewImageIn) (ViewImageIn, error) {
 	return in, nil
 }
 
+// imageMIME are the media types of the formats image.DecodeConfig names.
+var imageMIME = map[string]string{"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
+
 func (d *Deps) viewImage(ctx context.Context, c *call, sb Sandbox, in ViewImageIn) (*mcp.CallToolResult, noOutput, error) {
 	var out noOutput
 	rel := in.Path
@@ -67,10 +76,28 @@ func (d *Deps) viewImage(ctx context.Context, c *call, sb Sandbox, in ViewImageI
 		return nil, out, errcode.Errorf(errcode.TooLarge,
 			"%s is %d bytes, more than this server's cap of %d (--max-file-bytes); save a smaller image (fewer pixels, or JPEG)", rel, res.Size, d.Policy.MaxFileBytes)
 	}
-	mime := imageType(res.Data)
-	if mime == "" {
+	if imageType(res.Data) == "" {
 		return nil, out, errcode.Errorf(errcode.InvalidArgument,
 			"%s is not a PNG, JPEG, GIF or WebP image (it looks like %s); read it with sandbox_read_file, or convert it to PNG first", rel, http.DetectContentType(res.Data))
+	}
+	// The header says what the client would decode: a file that only
+	// starts like an image, or one of more pixels than a model is shown,
+	// is refused before its bytes travel.
+	cfg, format, err := image.DecodeConfig(bytes.NewReader(res.Data))
+	mime := imageMIME[format]
+	if err != nil || mime == "" || cfg.Width <= 0 || cfg.Height <= 0 {
+		why := "no width and height"
+		if err != nil {
+			why = err.Error()
+		}
+		return nil, out, errcode.Errorf(errcode.InvalidArgument,
+			"%s starts like a %s image but its header does not decode (%s): it is cut short or damaged; make it again, or check it with `file %s` in sandbox_exec", rel, imageType(res.Data), why, rel)
+	}
+	if px := int64(cfg.Width) * int64(cfg.Height); px > d.Policy.MaxImagePixels {
+		return nil, out, errcode.Errorf(errcode.TooLarge,
+			"%s is %d×%d pixels (%.1f megapixels), more than this server's cap of %.1f megapixels (--max-image-pixels); "+
+				"scale it down in the sandbox and view the copy, e.g. python3 -c \"from PIL import Image; im = Image.open('%s'); im.thumbnail((2000, 2000)); im.save('small.png')\" or convert %s -resize 2000x2000 small.png",
+			rel, cfg.Width, cfg.Height, float64(px)/1e6, float64(d.Policy.MaxImagePixels)/1e6, rel, rel)
 	}
 	c.bytes = int64(len(res.Data))
 	// The image's bytes and their base64 in the response.

@@ -27,27 +27,36 @@ type Deps struct {
 	// progressBeat, if set, replaces defaultProgressBeat (tests).
 	progressBeat time.Duration
 
+	// Memory, if set, is the budget the tools share with the HTTP
+	// transport; All makes one of Policy's sizes otherwise.
+	Memory *Memory
+
 	// budget bounds the memory of calls in flight, from Policy's
 	// MaxInflightBytes and MaxSessionInflightBytes; All makes it.
 	budget *budget
+	// versions are the protocol versions sessions negotiated; All makes
+	// it.
+	versions *versions
 }
 
-// Record describes one tool call, for the log and the audit log.
+// Record describes one tool call, for the log and the audit log. It has no
+// wire form of its own: the audit log's line is audit's, which main fills
+// from this.
 type Record struct {
-	Time      time.Time `json:"time"`
-	Caller    string    `json:"caller,omitempty"`
-	Session   string    `json:"session,omitempty"`
-	Sandbox   string    `json:"sandbox,omitempty"`
-	Tool      string    `json:"tool"`
-	ArgDigest string    `json:"arg_digest"`
+	Time      time.Time
+	Caller    string
+	Session   string
+	Sandbox   string
+	Tool      string
+	ArgDigest string
 	// Args are the call's arguments as received; the audit log records
-	// only their keyed digest (audit.Log.Digest).
-	Args     json.RawMessage `json:"-"`
-	Decision string          `json:"decision"` // allow or deny
-	Reason   string          `json:"reason,omitempty"`
-	ExitCode *int            `json:"exit_code,omitempty"`
-	Bytes    int64           `json:"bytes"`
-	Duration float64         `json:"duration_ms"`
+	// only their keyed digest.
+	Args     json.RawMessage
+	Decision string // allow or deny
+	Reason   string
+	ExitCode *int
+	Bytes    int64
+	Duration float64 // milliseconds
 }
 
 // call is the state of one tool call, filled in by its handler and logged
@@ -60,6 +69,11 @@ type call struct {
 	// held is the part of the memory budget the call holds (see
 	// Deps.reserve); the wrapper gives it back once the result is sent.
 	held *reservation
+	// waited is how long the call waited for sandboxes to be prepared
+	// (see Deps.prepared), out of its budget; progressed is the progress
+	// value its last notification carried, which the next must exceed.
+	waited     time.Duration
+	progressed float64
 }
 
 // CodeRequestCancelled is the JSON-RPC error code of the answer to a
@@ -76,8 +90,9 @@ const CodeRequestCancelled = -32800
 //     touches no sandbox: a refused call makes none.
 //  2. The wrapper resolves the sandbox the call runs in: the session's own,
 //     or the one named in its sandbox argument (In.target). A tool that
-//     works in no sandbox (deleting a snapshot) marks its input with an
-//     inNoSandbox method: none is resolved, none is made, and run gets nil.
+//     works in no sandbox (deleting or listing snapshots) says so with its
+//     input's inNoSandbox method: none is resolved, none is made, and run
+//     gets nil.
 //  3. run reserves the memory the call holds, asks policy what only the
 //     sandbox can tell (which program an allowlisted name resolves to),
 //     calls the sandbox and renders: it returns the output and, when
@@ -134,7 +149,10 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 			return nil, none, err
 		}
 		var sb Sandbox
-		if _, sandboxless := any(in).(interface{ inNoSandbox() }); !sandboxless {
+		if ns, ok := any(in).(interface{ inNoSandbox() bool }); !ok || !ns.inNoSandbox() {
+			if err := d.prepared(ctx, c); err != nil {
+				return nil, none, err
+			}
 			if sb, err = d.Sessions.sandbox(c, in.target()); err != nil {
 				return nil, none, err
 			}
@@ -209,7 +227,12 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		if _, none := any(out).(noOutput); none {
 			return res, nil, nil // a tool without an output schema
 		}
-		res.StructuredContent = out
+		if !d.textOnly(req) {
+			// A client that negotiated a version without structured
+			// content reads the text alone: the copy would be bytes sent
+			// for nothing.
+			res.StructuredContent = out
+		}
 		if res.Content == nil {
 			// As the SDK does for a typed output: the JSON as text too.
 			b, err := json.Marshal(out)
@@ -220,6 +243,44 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		}
 		return res, nil, nil
 	}
+}
+
+// preparer is a registry of sandboxes whose sandboxes need something
+// prepared first (session.Manager.WaitPrepared); one that needs nothing (a
+// test's) need not implement it.
+type preparer interface {
+	WaitPrepared(ctx context.Context, maxWait, every time.Duration, beat func(string)) error
+}
+
+// prepareBeat is the longest a call that waits for the preparation of
+// sandboxes, and holds a progress token, goes without a notification.
+const prepareBeat = 5 * time.Second
+
+// prepared waits, before a call makes or finds its sandbox, until what
+// sandboxes need is prepared: a moment, except in the first minutes after
+// the server started with an agent or a --workspace-from the engine has
+// not seen. The wait is bounded by the call's budget (--max-call-wait);
+// with a progress token, the client hears what is being prepared at once
+// and every prepareBeat.
+func (d *Deps) prepared(ctx context.Context, c *call) error {
+	p, ok := d.Sessions.m.(preparer)
+	if !ok {
+		return nil
+	}
+	start := time.Now()
+	defer func() { c.waited = time.Since(start) }()
+	var beat func(string)
+	if tok := c.req.Params.GetProgressToken(); tok != nil {
+		beat = func(msg string) {
+			c.progressed++
+			_ = c.req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: c.progressed, Message: "sandbox-mcp: " + msg})
+		}
+	}
+	every := prepareBeat
+	if d.progressBeat > 0 {
+		every = min(every, d.progressBeat)
+	}
+	return p.WaitPrepared(ctx, d.Policy.MaxCallWait, every, beat)
 }
 
 // sessionID names the MCP session for logs: its id over HTTP, "stdio"

@@ -55,29 +55,9 @@ func (w *Workspace) EditFile(ctx context.Context, rel string, src io.Reader, edi
 	if err != nil {
 		return res, err
 	}
-	var texts int64
-	switch {
-	case len(p.comps) == 0 || p.dirOnly:
-		return res, errcode.Errorf(errcode.InvalidArgument,
-			`edit %s: that names a directory; give the path of a file, without a trailing "/"`, quote(rel))
-	case len(edits) == 0 || len(edits) > agentproto.MaxEdits:
-		return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: give 1 to %d edits, not %d", quote(rel), agentproto.MaxEdits, len(edits))
-	case maxFile < 0:
-		return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative cap %d", quote(rel), maxFile)
-	}
-	for _, e := range edits {
-		switch {
-		case e.OldSize < 0 || e.NewSize < 0:
-			return res, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative sizes (%d, %d)", quote(rel), e.OldSize, e.NewSize)
-		case maxFile > 0 && (e.OldSize > maxFile || e.NewSize > maxFile):
-			return res, errcode.Errorf(errcode.TooLarge,
-				"edit %s: old_string and new_string may each be at most %d bytes (this server's file cap); edit in smaller steps", quote(rel), maxFile)
-		}
-		texts += e.OldSize + e.NewSize
-	}
-	if maxFile > 0 && texts > 2*maxFile {
-		return res, errcode.Errorf(errcode.TooLarge,
-			"edit %s: the edits' strings take %d bytes together, more than twice this server's file cap of %d; edit in smaller steps", quote(rel), texts, maxFile)
+	texts, err := checkEdits(p, rel, edits, maxFile)
+	if err != nil {
+		return res, err
 	}
 	// The strings arrive first, whatever happens next: the caller is
 	// sending them.
@@ -104,7 +84,7 @@ func (w *Workspace) EditFile(ctx context.Context, rel string, src io.Reader, edi
 	}
 	defer closeFd(dir)
 
-	fd, err := openat(dir, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, st, data, err := readEdited(ctx, dir, base, rel, maxFile)
 	switch {
 	case err == unix.ENOENT && createOnly:
 		out, n, err := applyEdits(ctx, rel, nil, all, edits, maxFile)
@@ -112,48 +92,100 @@ func (w *Workspace) EditFile(ctx context.Context, rel string, src io.Reader, edi
 			return res, err
 		}
 		return createEdited(dir, base, rel, out, n, maxFile)
-	case err == unix.ELOOP:
-		return res, errcode.Errorf(errcode.InvalidArgument,
-			"edit %s: it is a symlink; edit the file it points to instead (sandbox_list shows the target)", quote(rel))
 	case err == unix.ENOENT:
 		return res, errcode.Errorf(errcode.NotFound,
 			"edit %s: no such file in the workspace; check the path with sandbox_list, or pass an empty old_string to create the file", quote(rel))
 	case err != nil:
-		return res, fsError(op, rel, err)
+		return res, err
 	}
 	defer closeFd(fd)
-	st, err := fstat(fd)
+
+	out, n, err := applyEdits(ctx, rel, data, all, edits, maxFile)
 	if err != nil {
-		return res, fsError(op, rel, err)
+		return res, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return res, notRegular(op, rel, st.Mode)
+	return replaceEdited(ctx, dir, base, rel, fd, st, out, n)
+}
+
+// checkEdits checks an edit request before anything is read: a file's path,
+// 1 to MaxEdits edits, sizes neither negative nor past the cap, and strings
+// that take at most twice the cap together. It returns the bytes the
+// strings take.
+func checkEdits(p wsPath, rel string, edits []agentproto.EditSpec, maxFile int64) (int64, error) {
+	switch {
+	case len(p.comps) == 0 || p.dirOnly:
+		return 0, errcode.Errorf(errcode.InvalidArgument,
+			`edit %s: that names a directory; give the path of a file, without a trailing "/"`, quote(rel))
+	case len(edits) == 0 || len(edits) > agentproto.MaxEdits:
+		return 0, errcode.Errorf(errcode.InvalidArgument, "edit %s: give 1 to %d edits, not %d", quote(rel), agentproto.MaxEdits, len(edits))
+	case maxFile < 0:
+		return 0, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative cap %d", quote(rel), maxFile)
 	}
-	if err := clearNonblock(fd); err != nil {
-		return res, fsError(op, rel, err)
+	var texts int64
+	for _, e := range edits {
+		switch {
+		case e.OldSize < 0 || e.NewSize < 0:
+			return 0, errcode.Errorf(errcode.InvalidArgument, "edit %s: negative sizes (%d, %d)", quote(rel), e.OldSize, e.NewSize)
+		case maxFile > 0 && (e.OldSize > maxFile || e.NewSize > maxFile):
+			return 0, errcode.Errorf(errcode.TooLarge,
+				"edit %s: old_string and new_string may each be at most %d bytes (this server's file cap); edit in smaller steps", quote(rel), maxFile)
+		}
+		texts += e.OldSize + e.NewSize
+	}
+	if maxFile > 0 && texts > 2*maxFile {
+		return 0, errcode.Errorf(errcode.TooLarge,
+			"edit %s: the edits' strings take %d bytes together, more than twice this server's file cap of %d; edit in smaller steps", quote(rel), texts, maxFile)
+	}
+	return texts, nil
+}
+
+// readEdited opens base in dir, which must be a regular file and not a
+// symlink, and reads it whole, at most maxFile bytes. A missing file is
+// unix.ENOENT, for the caller to create or refuse; every other error is
+// worded. The caller closes fd.
+func readEdited(ctx context.Context, dir int, base, rel string, maxFile int64) (fd int, st unix.Stat_t, data []byte, err error) {
+	const op = "edit"
+	fd, st, err = openRegular(func() (int, error) {
+		return openat(dir, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	}, op, rel)
+	switch {
+	case err == unix.ENOENT:
+		return -1, st, nil, err
+	case err == unix.ELOOP:
+		return -1, st, nil, errcode.Errorf(errcode.InvalidArgument,
+			"edit %s: it is a symlink; edit the file it points to instead (sandbox_list shows the target)", quote(rel))
+	case err != nil:
+		if errno, ok := err.(unix.Errno); ok {
+			err = fsError(op, rel, errno)
+		}
+		return -1, st, nil, err
 	}
 	tooLarge := func(size int64) error {
 		return errcode.Errorf(errcode.TooLarge,
 			"edit %s: the file is %d bytes, more than this server's cap of %d; change it with sandbox_exec (sed, patch) instead", quote(rel), size, maxFile)
 	}
 	if maxFile > 0 && st.Size > maxFile {
-		return res, tooLarge(st.Size)
+		closeFd(fd)
+		return -1, st, nil, tooLarge(st.Size)
 	}
-	data, err := readAllFd(ctx, fd, st.Size, maxFile)
+	data, err = readAllFd(ctx, fd, st.Size, maxFile)
 	switch {
 	case err == errGrown:
-		return res, tooLarge(int64(len(data)))
+		closeFd(fd)
+		return -1, st, nil, tooLarge(int64(len(data)))
 	case err != nil:
-		return res, readErr(ctx, op, rel, err)
+		closeFd(fd)
+		return -1, st, nil, readErr(ctx, op, rel, err)
 	}
+	return fd, st, data, nil
+}
 
-	out, n, err := applyEdits(ctx, rel, data, all, edits, maxFile)
-	if err != nil {
-		return res, err
-	}
-
-	// The file must still be the one read: replaced or written to since,
-	// the edit would undo that change.
+// replaceEdited puts out, the edited content, in place of base, which fd
+// (with stat st) read: only if the file is still the one read, unchanged,
+// so the edit never undoes another change, and ctx has not ended.
+func replaceEdited(ctx context.Context, dir int, base, rel string, fd int, st unix.Stat_t, out []byte, replacements int) (agentproto.EditResult, error) {
+	const op = "edit"
+	var res agentproto.EditResult
 	if cur, err := lstatAt(dir, base); err != nil || cur.Ino != st.Ino || cur.Dev != st.Dev {
 		return res, errcode.Errorf(errcode.InvalidArgument,
 			"edit %s: the file was replaced while it was being edited; read it again and retry", quote(rel))
@@ -169,7 +201,7 @@ func (w *Workspace) EditFile(ctx context.Context, rel string, src io.Reader, edi
 	if err != nil {
 		return res, err
 	}
-	res.Replacements, res.Size = n, wr.Size
+	res.Replacements, res.Size = replacements, wr.Size
 	return res, nil
 }
 

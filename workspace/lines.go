@@ -78,7 +78,7 @@ func (w *Workspace) ReadLines(ctx context.Context, rel string, l Lines, dst io.W
 		return res, err
 	}
 	defer w.mu.RUnlock()
-	fd, st, err := openRegular(root, p, op, rel)
+	fd, st, err := openRegularPath(root, p, op, rel)
 	if err != nil {
 		return res, err
 	}

@@ -70,7 +70,7 @@ func (w *Workspace) List(ctx context.Context, rel string, o ListOptions, emit fu
 		return res, errcode.Errorf(errcode.InvalidArgument, "list %s: max and max_scan must not be negative (got %d, %d)", quote(rel), o.Max, o.MaxScan)
 	}
 	if err := CheckGlob(o.Pattern); err != nil {
-		return res, errcode.Errorf(errcode.InvalidArgument, "list %s: %v", quote(rel), err)
+		return res, errcode.Errorf(errcode.InvalidArgument, "list %s: %w", quote(rel), err)
 	}
 	root, err := w.enter()
 	if err != nil {

@@ -331,26 +331,24 @@ func (s *snapshotter) file(parent int, name, path string, depth int) error {
 	}
 	// O_NOFOLLOW|O_NONBLOCK: a file swapped for a symlink or a FIFO since
 	// the lstat is neither followed nor waited on.
-	fd, err := openChild(parent, name, unix.O_RDONLY|unix.O_NONBLOCK)
-	switch err {
-	case nil:
-	case unix.ENOENT:
+	fd, st, err := openRegular(func() (int, error) {
+		return openChild(parent, name, unix.O_RDONLY|unix.O_NONBLOCK)
+	}, "snapshot", path)
+	var ir *irregular
+	switch {
+	case err == nil:
+	case err == unix.ENOENT:
 		return nil
-	case unix.ELOOP, unix.ENXIO, unix.ENODEV, unix.EXDEV:
+	case err == unix.ELOOP, err == unix.ENXIO, err == unix.ENODEV, err == unix.EXDEV, errors.As(err, &ir):
 		s.skipped++
 		return nil
 	default:
-		return fsError("snapshot", path, err)
+		if errno, ok := err.(unix.Errno); ok {
+			err = fsError("snapshot", path, errno)
+		}
+		return err
 	}
 	defer closeFd(fd)
-	st, err := fstat(fd)
-	if err != nil {
-		return fsError("snapshot", path, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		s.skipped++
-		return nil
-	}
 	if s.links != nil && st.Nlink > 1 {
 		id := fileID{dev: uint64(st.Dev), ino: st.Ino}
 		s.links[id] = append(s.links[id], path)

@@ -114,7 +114,7 @@ func Open(dir string) (*Workspace, error) {
 	}
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil, errcode.Errorf(errcode.NotFound, "open workspace %q: %v", dir, err)
+			return nil, errcode.Errorf(errcode.NotFound, "open workspace %q: %w", dir, err)
 		}
 		return nil, fault("open workspace %q: %v", dir, err)
 	}
@@ -185,7 +185,7 @@ func (w *Workspace) ReadFile(ctx context.Context, rel string, offset, length, ma
 	}
 	defer w.mu.RUnlock()
 
-	fd, st, err := openRegular(root, p, op, rel)
+	fd, st, err := openRegularPath(root, p, op, rel)
 	if err != nil {
 		return res, err
 	}
@@ -209,19 +209,26 @@ func (w *Workspace) ReadFile(ctx context.Context, rel string, offset, length, ma
 	return res, nil
 }
 
-// openRegular opens the regular file p for reading, following symlinks
-// that stay inside the workspace, and returns it with its stat. A FIFO,
-// socket or device is refused without blocking.
-func openRegular(root int, p wsPath, op, rel string) (int, unix.Stat_t, error) {
-	// O_NONBLOCK: opening a FIFO must not wait for a writer.
-	fd, err := openBeneath(root, p.open(), unix.O_RDONLY|unix.O_NONBLOCK, resolveFlags)
+// openRegular opens a file with open, which passes O_NONBLOCK so that a
+// FIFO does not wait for a writer, and keeps it only if it is a regular
+// file: it returns the descriptor, O_NONBLOCK cleared, and its stat. An
+// errno from open comes back as it is (a unix.Errno), for the caller to
+// word (a missing file, a symlink); a file that is not regular is closed and
+// refused with an *irregular (notRegular's message; st says what it is);
+// other errors are worded for op and rel. Reading, editing, appending and
+// snapshots open files through it.
+func openRegular(open func() (int, error), op, rel string) (int, unix.Stat_t, error) {
+	fd, err := open()
 	if err != nil {
-		return -1, unix.Stat_t{}, fsError(op, rel, err)
+		if _, ok := err.(unix.Errno); !ok {
+			err = fsError(op, rel, err)
+		}
+		return -1, unix.Stat_t{}, err
 	}
 	st, err := fstat(fd)
 	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
 		closeFd(fd)
-		return -1, st, notRegular(op, rel, st.Mode)
+		return -1, st, &irregular{mode: st.Mode, err: notRegular(op, rel, st.Mode)}
 	}
 	if err == nil {
 		err = clearNonblock(fd)
@@ -231,6 +238,28 @@ func openRegular(root int, p wsPath, op, rel string) (int, unix.Stat_t, error) {
 		return -1, st, fsError(op, rel, err)
 	}
 	return fd, st, nil
+}
+
+// irregular is openRegular's refusal of a file that is not a regular file.
+type irregular struct {
+	mode uint32
+	err  error // what the model is told
+}
+
+func (e *irregular) Error() string { return e.err.Error() }
+func (e *irregular) Unwrap() error { return e.err }
+
+// openRegularPath opens the regular file p for reading, following symlinks
+// that stay inside the workspace, and returns it with its stat. A FIFO,
+// socket or device is refused without blocking.
+func openRegularPath(root int, p wsPath, op, rel string) (int, unix.Stat_t, error) {
+	fd, st, err := openRegular(func() (int, error) {
+		return openBeneath(root, p.open(), unix.O_RDONLY|unix.O_NONBLOCK, resolveFlags)
+	}, op, rel)
+	if errno, ok := err.(unix.Errno); ok {
+		err = fsError(op, rel, errno)
+	}
+	return fd, st, err
 }
 
 // dstError carries an error from the caller's writer (or reader) through the
@@ -456,27 +485,24 @@ func appendFile(dir int, base, op, rel string, src io.Reader, size int64, perm u
 		data = fdReaderAt(spool)
 	}
 
-	fd, created, err := openAppend(dir, base)
-	if err != nil {
-		if err == unix.ELOOP {
-			if st, serr := lstatAt(dir, base); serr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-				return res, errcode.Errorf(errcode.InvalidArgument,
-					"append to %s: it is a symlink; append to its target instead (list shows the target)", quote(rel))
-			}
+	var created bool
+	fd, st, err := openRegular(func() (fd int, err error) {
+		fd, created, err = openAppend(dir, base)
+		return fd, err
+	}, op, rel)
+	if err == unix.ELOOP {
+		if st, serr := lstatAt(dir, base); serr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return res, errcode.Errorf(errcode.InvalidArgument,
+				"append to %s: it is a symlink; append to its target instead (list shows the target)", quote(rel))
 		}
-		return res, fsError(op, rel, err)
+	}
+	if errno, ok := err.(unix.Errno); ok {
+		return res, fsError(op, rel, errno)
+	}
+	if err != nil {
+		return res, err
 	}
 	defer closeFd(fd)
-	st, err := fstat(fd)
-	if err != nil {
-		return res, fsError(op, rel, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return res, notRegular(op, rel, st.Mode)
-	}
-	if err := clearNonblock(fd); err != nil {
-		return res, fsError(op, rel, err)
-	}
 	if created {
 		if err := unix.Fchmod(fd, perm); err != nil {
 			return res, fsError(op, rel, err)

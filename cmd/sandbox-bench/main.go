@@ -1,9 +1,9 @@
 // Command sandbox-bench measures sandbox-mcp against its baselines, side by
-// side in one run (every performance goal in the README), through a real
+// side in one run (every performance goal in docs/bench/README.md), through a real
 // MCP client, and writes the results as JSON, a Markdown table and a plot
 // of the latency distributions.
 //
-//	go run ./cmd/sandbox-bench -bin bin -out docs/bench    (make bench)
+//	go run ./cmd/sandbox-bench -bin bin -out docs/bench -doc docs/bench/README.md -readme README.md    (make bench)
 //
 // The plot is drawn by the module in cmd/sandbox-bench/plot, which it runs
 // with the go command: the plotting library stays out of the server's
@@ -36,7 +36,8 @@ func main() {
 	img := flag.String("image", image.DefaultTag(), "sandbox `image` to measure with (must exist locally)")
 	out := flag.String("out", "docs/bench", "`dir`ectory for results.json, results.md and latency.png")
 	scale := flag.Float64("scale", 1, "multiply every repetition count by this (0.2 for a quick look)")
-	readme := flag.String("readme", "", "`file` whose block between the bench markers gets the new table (README.md)")
+	doc := flag.String("doc", "", "`file` whose block between the table markers gets the whole table (docs/bench/README.md)")
+	readme := flag.String("readme", "", "`file` whose block between the headline markers gets the three headline numbers (README.md)")
 	only := flag.String("only", "", "comma list of `steps` to run, by a word of their name (\"read\" runs the 1 MiB read and write rows); all when empty")
 	plotDir := flag.String("plot", filepath.Join("cmd", "sandbox-bench", "plot"), "`dir`ectory of the plotting module, which draws latency.png (\"\" to skip the plot)")
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig `file` of a cluster for the Kubernetes rows (none: skipped)")
@@ -55,11 +56,9 @@ func main() {
 		log.Error("writing results", "err", err)
 		os.Exit(1)
 	}
-	if *readme != "" {
-		if err := updateReadme(*readme, b.markdown()); err != nil {
-			log.Error("updating the README", "err", err)
-			os.Exit(1)
-		}
+	if err := b.updateDocs(*doc, *readme); err != nil {
+		log.Error("updating the docs", "err", err)
+		os.Exit(1)
 	}
 	fmt.Print(b.markdown())
 }
@@ -125,6 +124,7 @@ func (b *bench) run(ctx context.Context) error {
 		fn   func(context.Context) error
 	}{
 		{"first exec of a new session", b.firstExec},
+		{"first start after a build", b.firstStart},
 		{"warm exec", b.warmExec},
 		{"warm exec after a 1 s pause", b.idleExec},
 		{"1 MiB read and write", b.fileIO},
@@ -229,25 +229,4 @@ func (b *bench) markdown() string {
 		s.WriteString("\n" + strings.Join(notes, "\n") + "\n")
 	}
 	return s.String()
-}
-
-// The README's results table lives between these markers.
-const (
-	readmeStart = "<!-- bench:start (make bench writes this table) -->"
-	readmeEnd   = "<!-- bench:end -->"
-)
-
-// updateReadme replaces the block between the markers in path with table.
-func updateReadme(path, table string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(b)
-	i, j := strings.Index(s, readmeStart), strings.Index(s, readmeEnd)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %q ... %q block", path, readmeStart, readmeEnd)
-	}
-	s = s[:i+len(readmeStart)] + "\n" + table + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
 }

@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
+	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
 const auditUsage = `Usage:
@@ -56,4 +57,14 @@ func auditCmd(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 	}
 	fmt.Fprintln(stdout, audit.Digest(key, in))
 	return 0
+}
+
+// auditTool is what the tools report of a call, as the audit log's record
+// of it: the log, not the tools, decides how the line reads.
+func auditTool(r tools.Record) audit.ToolRecord {
+	return audit.ToolRecord{
+		Time: r.Time, Caller: r.Caller, Session: r.Session, Sandbox: r.Sandbox, Tool: r.Tool,
+		ArgDigest: r.ArgDigest, Args: r.Args, Decision: r.Decision, Reason: r.Reason,
+		ExitCode: r.ExitCode, Bytes: r.Bytes, Duration: r.Duration,
+	}
 }

@@ -27,7 +27,8 @@ type rawStdio struct {
 func startRawStdio(t *testing.T, args ...string) *rawStdio {
 	t.Helper()
 	r := &rawStdio{t: t, msgs: make(chan map[string]json.RawMessage, 64), audit: filepath.Join(t.TempDir(), "audit.jsonl")}
-	r.cmd = exec.Command(bins.Server, append(append(serverArgs(t), "--audit-log", r.audit), args...)...)
+	args = append(append(serverArgs(t), "--audit-log", r.audit), args...) // skips under -short before the build
+	r.cmd = exec.Command(bins.Get(t).Server, args...)
 	r.cmd.Env = serverEnv(t)
 	stderr := &syncBuffer{}
 	r.cmd.Stderr = stderr

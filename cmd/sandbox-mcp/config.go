@@ -44,8 +44,11 @@ type Config struct {
 	Policy policy.Policy
 	// Image is the base image of new sandboxes.
 	Image string
-	// AgentBin is the static agent binary put into the image.
+	// AgentBin is the static agent binary every sandbox runs.
 	AgentBin string
+	// AgentMount says how sandboxes get it: auto, bind or image
+	// (engine.AgentMount*).
+	AgentMount string
 	// Env is what every sandbox gets, as NAME=VALUE (values are secret:
 	// never logged).
 	Env []string
@@ -111,6 +114,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&p.ExecTimeout, "exec-timeout", p.ExecTimeout, "default timeout of a command")
 	fs.DurationVar(&p.MaxExecTimeout, "max-exec-timeout", p.MaxExecTimeout, "ceiling for a command's timeout_ms")
 	fs.DurationVar(&p.MaxCallWait, "max-call-wait", p.MaxCallWait, "longest a foreground sandbox_exec waits: past it the call returns running: true and the command goes on as its job, its timeout kept (0: wait for the command; clients cap a call at about 60s)")
+	fs.Int64Var(&p.MaxImagePixels, "max-image-pixels", p.MaxImagePixels, "largest image sandbox_view_image returns, in pixels (width × height); a larger one is refused with how to scale it down")
 	fs.Var(&bytesValue{&p.Memory}, "memory", "memory limit of a sandbox, swap included (`bytes`)")
 	fs.Float64Var(&p.CPUs, "cpus", p.CPUs, "CPU limit of a sandbox")
 	fs.Int64Var(&p.Pids, "pids", p.Pids, "process limit of a sandbox")
@@ -131,6 +135,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
+	fs.Var(&choice{v: &cfg.AgentMount, allowed: []string{engine.AgentMountAuto, engine.AgentMountBind, engine.AgentMountImage}}, "agent-mount", "`how` sandboxes get the agent: bind (a read-only bind mount of a copy in --state-dir: nothing to build at start), image (an image of --image with the agent added, built once per agent: for an engine on another machine), or auto (bind where the engine's socket is local and it sees the file)")
 	fs.Var(&secretSpecList{v: &cfg.SecretSpecs, f: f}, "secret", "`NAME@HOST[,HOST...][:header=FIELD][:url]`, repeatable (several joined by ';' in the environment variable): sandboxes get NAME set to a placeholder, and the egress proxy puts the value of this server's own variable NAME in its place into the Authorization header (and the FIELD headers; the path and query only with :url) of requests to those hosts; needs --network=allowlist with each host on --allow-host")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
@@ -150,6 +155,7 @@ func defaultConfig(getenv func(string) string) Config {
 		Policy:      policy.Default(),
 		Image:       image.DefaultTag(),
 		AgentBin:    defaultAgentBin(),
+		AgentMount:  engine.AgentMountAuto,
 		StateDir:    defaultStateDir(getenv),
 		IdleTimeout: 15 * time.Minute,
 		NetworkPool: engine.DefaultNetworkPool,

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -229,40 +226,6 @@ func TestKnownEscapes(t *testing.T) {
 	}
 }
 
-// TestExamples keeps the client configs in examples/ valid.
-func TestExamples(t *testing.T) {
-	root := filepath.Join(testenv.RepoRoot(), "examples")
-	for _, name := range []string{"claude-config.json", "claude-config-ssh.json", "claude-code-mcp.json", "vscode-mcp.json", "vscode-mcp-http.json"} {
-		b, err := os.ReadFile(filepath.Join(root, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var v map[string]any
-		if err := json.Unmarshal(b, &v); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}
-	if _, err := ParseConfig([]string{"--config", filepath.Join(root, "config.json")}, envFrom(map[string]string{"HOME": t.TempDir()})); err != nil {
-		t.Errorf("examples/config.json: %v", err)
-	}
-	// Codex gives up on a tool call after tool_timeout_sec: the examples
-	// wait longer than the server lets a command run.
-	for _, name := range []string{"codex-config.toml", "codex-http.toml"} {
-		b, err := os.ReadFile(filepath.Join(root, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := regexp.MustCompile(`(?m)^tool_timeout_sec = (\d+)$`).FindSubmatch(b)
-		if m == nil {
-			t.Errorf("%s sets no tool_timeout_sec", name)
-			continue
-		}
-		if sec, _ := strconv.Atoi(string(m[1])); time.Duration(sec)*time.Second <= policy.DefaultMaxExecTimeout {
-			t.Errorf("%s: tool_timeout_sec %d is not above --max-exec-timeout's default %s", name, sec, policy.DefaultMaxExecTimeout)
-		}
-	}
-}
-
 // TestMaxCallWaitFlag: --max-call-wait is 50s by default and is set like
 // every flag, from the file, the environment or the command line; below a
 // second (but 0) it is refused.
@@ -285,5 +248,30 @@ func TestMaxCallWaitFlag(t *testing.T) {
 	}
 	if _, err = ParseConfig([]string{"--max-call-wait", "10ms"}, envFrom(map[string]string{"HOME": dir})); err == nil || !strings.Contains(err.Error(), "--max-call-wait") {
 		t.Fatalf("10ms: %v", err)
+	}
+}
+
+// TestMaxImagePixelsFlag: --max-image-pixels is 40 megapixels by default
+// and is set like every flag, from the file, the environment or the
+// command line; 0 is refused.
+func TestMaxImagePixelsFlag(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseConfig(nil, envFrom(map[string]string{"HOME": dir}))
+	if err != nil || cfg.Policy.MaxImagePixels != 40_000_000 {
+		t.Fatalf("default: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	file := filepath.Join(dir, "c.json")
+	os.WriteFile(file, []byte(`{"max-image-pixels": 1000000}`), 0o600)
+	if cfg, err = ParseConfig([]string{"--config", file}, envFrom(map[string]string{"HOME": dir})); err != nil || cfg.Policy.MaxImagePixels != 1_000_000 {
+		t.Fatalf("from the file: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	if cfg, err = ParseConfig(nil, envFrom(map[string]string{"HOME": dir, "SANDBOX_MCP_MAX_IMAGE_PIXELS": "2000000"})); err != nil || cfg.Policy.MaxImagePixels != 2_000_000 {
+		t.Fatalf("from the environment: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	if cfg, err = ParseConfig([]string{"--max-image-pixels", "3000000"}, envFrom(map[string]string{"HOME": dir})); err != nil || cfg.Policy.MaxImagePixels != 3_000_000 {
+		t.Fatalf("from the flag: %d %v", cfg.Policy.MaxImagePixels, err)
+	}
+	if _, err = ParseConfig([]string{"--max-image-pixels", "0"}, envFrom(map[string]string{"HOME": dir})); err == nil || !strings.Contains(err.Error(), "--max-image-pixels") {
+		t.Fatalf("0: %v", err)
 	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"debug/elf"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -34,6 +36,15 @@ func (r *report) fail(format string, a ...any) {
 // names, and says what to fix. It exits 1 if a check failed; warnings do
 // not fail it.
 func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string) string) int {
+	if len(args) > 0 && args[0] == "help" {
+		doctorUsage(w, getenv)
+		return 0
+	}
+	cfg, err := ParseConfig(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		doctorUsage(w, getenv)
+		return 0
+	}
 	r := &report{w: w}
 	defer func() {
 		if r.failed {
@@ -42,7 +53,6 @@ func doctor(ctx context.Context, args []string, w io.Writer, getenv func(string)
 			fmt.Fprintln(w, "\nsandbox-mcp is ready.")
 		}
 	}()
-	cfg, err := ParseConfig(args, getenv)
 	if err != nil {
 		r.fail("configuration: %v", err)
 		return 1
@@ -124,17 +134,27 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 		return
 	}
 	start := time.Now()
+	// What the server prepares in the background, prepared here before
+	// doctor returns: a server started next finds it ready.
 	m, err := session.NewManager(ctx, session.Options{
-		Client: cli, Image: cfg.Image, AgentBinary: cfg.AgentBin, Policy: cfg.Policy,
+		Client: cli, Image: cfg.Image, AgentBinary: cfg.AgentBin, AgentMount: cfg.AgentMount, Policy: cfg.Policy,
 		StateDir: cfg.StateDir, Runtime: cfg.Runtime, Instance: "doctor", NetworkPool: cfg.NetworkPool,
-		SeccompProfile: cfg.SeccompProfile,
+		SeccompProfile: cfg.SeccompProfile, WorkspaceFrom: cfg.WorkspaceFrom,
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)
 		return
 	}
 	defer m.Close(context.Background())
-	ok("runtime image %s (%s)", m.RuntimeImage(), time.Since(start).Round(time.Millisecond))
+	if err := m.WaitPrepared(ctx, 0, 0, nil); err != nil {
+		fail("preparing sandboxes: %v", err)
+		return
+	}
+	how := "the agent bind-mounted from " + m.AgentMountPath()
+	if m.AgentMountPath() == "" {
+		how = "the agent in the image"
+	}
+	ok("runtime image %s, %s (prepared in %s)", m.RuntimeImage(), how, time.Since(start).Round(time.Millisecond))
 	sb := checkSandbox(ctx, m, r, engine.AgentPath, dockerSeccomp(cfg.SeccompProfileFile), "container start included")
 	if sb == nil {
 		return

@@ -72,6 +72,10 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 	}
 	defer release()
 	defer m.Close(context.Background())
+	if err := m.WaitPrepared(ctx, 0, 0, nil); err != nil {
+		r.fail("sandbox backend: %v", err)
+		return
+	}
 	r.ok("server lease and network policies in namespace %s (%s); whether the cluster's network plugin enforces NetworkPolicies cannot be seen from its API: use one that does (Calico, Cilium, kube-router…)",
 		k.Namespace, time.Since(start).Round(time.Millisecond))
 	sb := checkSandbox(ctx, m, r, kube.AgentPath, kubeSeccomp(k.SeccompLocalhost), "pod start included: scheduling, the agent image's init container, the exec stream")

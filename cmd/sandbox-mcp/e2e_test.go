@@ -24,23 +24,23 @@ import (
 )
 
 // bins are the server and agent built for this test run (the server with
-// the race detector when the tests run with -race).
-var bins testenv.Binaries
+// the race detector when the tests run with -race), on the first
+// test that needs them: a `go test -short` run, whose end-to-end tests all
+// skip, builds nothing.
+var bins = testenv.LazyBinaries{WithServer: true, Race: raceEnabled}
+
+// asServerEnv, set to 1 in its environment, makes the test binary run as
+// sandbox-mcp itself (main) instead of running tests, as go-sdk's command
+// tests do: a test that needs the program but no engine runs it without a
+// build.
+const asServerEnv = "SANDBOX_MCP_TEST_AS_SERVER"
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandbox-mcp-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins, err = testenv.Build(dir, true, raceEnabled)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	if os.Getenv(asServerEnv) == "1" {
+		main()
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	bins.Cleanup()
 	os.Exit(code)
 }
 
@@ -134,6 +134,8 @@ type serverOpts struct {
 	env      []string
 	progress func(*mcp.ProgressNotificationClientRequest)
 	image    string
+	// protocol is the MCP version the client asks for ("": the SDK's).
+	protocol string
 }
 
 // startServer runs the built binary with the test image and a fresh state
@@ -144,9 +146,9 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if img == "" {
 		img = testenv.TestImage(t)
 	}
-	args := append([]string{"--image", img, "--state-dir", t.TempDir(), "--agent-bin", bins.Agent,
+	args := append([]string{"--image", img, "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
 		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug"}, o.args...)
-	cmd := exec.Command(bins.Server, args...)
+	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, o.env...)
 	if h := os.Getenv("DOCKER_HOST"); h != "" {
 		cmd.Env = append(cmd.Env, "DOCKER_HOST="+h)
@@ -159,17 +161,22 @@ func startServer(t *testing.T, o serverOpts) *server {
 		}
 		s.progressed(r)
 	}})
-	// The server answers once its runtime image (the image plus the agent)
-	// exists. For a large image such as the default one, making it commits
-	// layers, which takes minutes on an engine without a native overlay diff
-	// (fuse-overlayfs).
+	// The server answers at once and prepares its sandboxes in the
+	// background; a large image such as the default one may take minutes
+	// to prepare on a loaded engine (a probe container of it, a seed image
+	// built from it), longer than a call waits: prepare it first, as
+	// `make run` does.
 	connectTimeout := 60 * time.Second
 	if o.image != "" {
-		connectTimeout = 10 * time.Minute
+		prep := exec.Command(bins.Get(t).Server, append([]string{"prepare"}, args...)...)
+		prep.Env = cmd.Env
+		if out, err := prep.CombinedOutput(); err != nil {
+			t.Fatalf("sandbox-mcp prepare: %v\n%s", err, out)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, nil)
+	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, copts(o.protocol))
 	if err != nil {
 		t.Fatalf("connect: %v\nserver stderr:\n%s", err, s.stderr)
 	}
@@ -208,6 +215,12 @@ func (s *server) call(name string, args map[string]any) *mcp.CallToolResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	// On a loaded machine the server's preparation may outlast a call's
+	// wait: call again, as the error says (see docs/first-start.md).
+	for try := 0; err == nil && res.IsError && strings.HasPrefix(text(res), "UNAVAILABLE: sandboxes are not ready yet") && try < 10; try++ {
+		s.t.Logf("%s: %s", name, text(res))
+		res, err = s.cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	}
 	if err != nil {
 		s.t.Fatalf("%s(%v): %v", name, args, err)
 	}
@@ -607,16 +620,29 @@ func TestStdioSecrets(t *testing.T) {
 	}
 }
 
+// thisProgram returns a command that runs sandbox-mcp's main with args:
+// the test binary itself, told by asServerEnv to be the server.
+func thisProgram(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Env = append(os.Environ(), asServerEnv+"=1")
+	return cmd
+}
+
 func TestVersionAndHelp(t *testing.T) {
-	out, err := exec.Command(bins.Server, "version").Output()
+	out, err := thisProgram(t, "version").Output()
 	if err != nil || !strings.HasPrefix(string(out), "sandbox-mcp ") {
 		t.Fatalf("version: %q %v", out, err)
 	}
-	out, err = exec.Command(bins.Server, "--help").Output()
+	out, err = thisProgram(t, "--help").Output()
 	if err != nil || !strings.Contains(string(out), "--max-file-bytes") || !strings.Contains(string(out), "SANDBOX_MCP_MAX_FILE_BYTES") {
 		t.Fatalf("help: %q %v", out, err)
 	}
-	cmd := exec.Command(bins.Server, "--exec", "sometimes")
+	cmd := thisProgram(t, "--exec", "sometimes")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "allow, allowlist, deny") {
@@ -625,7 +651,8 @@ func TestVersionAndHelp(t *testing.T) {
 }
 
 func TestDoctor(t *testing.T) {
-	cmd := exec.Command(bins.Server, "doctor", "--image", testenv.TestImage(t), "--agent-bin", bins.Agent, "--state-dir", t.TempDir())
+	img := testenv.TestImage(t) // skips under -short before the build
+	cmd := exec.Command(bins.Get(t).Server, "doctor", "--image", img, "--agent-bin", bins.Get(t).Agent, "--state-dir", t.TempDir())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("doctor failed: %v\n%s", err, out)
@@ -635,7 +662,7 @@ func TestDoctor(t *testing.T) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
 	}
-	cmd = exec.Command(bins.Server, "doctor", "--image", "sandbox-mcp-no-such-image:0", "--agent-bin", bins.Agent, "--state-dir", t.TempDir())
+	cmd = exec.Command(bins.Get(t).Server, "doctor", "--image", "sandbox-mcp-no-such-image:0", "--agent-bin", bins.Get(t).Agent, "--state-dir", t.TempDir())
 	out, err = cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "FAIL  image sandbox-mcp-no-such-image:0 is not on this engine") || !strings.Contains(string(out), "make image") {
 		t.Fatalf("doctor with a missing image: %v\n%s", err, out)

@@ -2,10 +2,10 @@ package main
 
 // The streamable HTTP transport: many clients at once, each MCP session with
 // its own sandbox, safe to put on a network. Every request passes the
-// checks of internal/httpguard (Host, Origin, bearer token, session and call
-// caps, calls of a dropped POST ended) before the go-sdk's handler sees it;
-// this file listens, serves and
-// shuts down.
+// checks of cmd/sandbox-mcp/internal/httpguard (Host, Origin, bearer token,
+// session and call caps, request bodies admitted into the memory budget
+// before they are read, calls of a dropped POST ended) before the go-sdk's
+// handler sees it; this file listens, serves and shuts down.
 
 import (
 	"context"
@@ -21,8 +21,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
-	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -73,8 +73,19 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	sessions.OwnerOf = httpguard.OwnerOf
-	server := newServer(cfg, m, sessions, log, auditLog)
-	g, err := httpguard.New(guardOptions(cfg, addr, log), server, sessions)
+	// One memory budget for tool calls and the request bodies that
+	// carry them.
+	mem := tools.NewMemory(cfg.Policy)
+	server := newServer(cfg, m, sessions, mem, log, auditLog)
+	opts := guardOptions(cfg, addr, log)
+	opts.ReserveBody = func(ctx context.Context, caller string, n int64, wait time.Duration) (httpguard.BodyHold, error) {
+		h, err := mem.ReserveBody(ctx, caller, n, wait)
+		if err != nil {
+			return nil, err
+		}
+		return h, nil
+	}
+	g, err := httpguard.New(opts, server, sessions)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 		defer cancel()

@@ -6,7 +6,7 @@ import (
 	"net"
 	"strings"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 )
 
 // Defaults and limits of the HTTP transport's configuration.

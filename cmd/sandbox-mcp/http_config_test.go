@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 

@@ -23,7 +23,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandbox-mcp/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 )
@@ -54,6 +54,7 @@ type httpServer struct {
 }
 
 type httpOpts struct {
+	bin  string // default bins.Get(t).Server
 	addr string // default 127.0.0.1:0
 	args []string
 	env  []string
@@ -62,7 +63,7 @@ type httpOpts struct {
 // serverArgs are the arguments every test server gets: the test image, a
 // fresh state directory, small sandboxes.
 func serverArgs(t *testing.T) []string {
-	return []string{"--image", testenv.TestImage(t), "--state-dir", t.TempDir(), "--agent-bin", bins.Agent,
+	return []string{"--image", testenv.TestImage(t), "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
 		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug"}
 }
 
@@ -86,7 +87,12 @@ func startHTTP(t *testing.T, o httpOpts) *httpServer {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	cmd := exec.Command(bins.Server, append(append([]string{"--http", addr}, serverArgs(t)...), o.args...)...)
+	args := append(append([]string{"--http", addr}, serverArgs(t)...), o.args...) // skips under -short before the build
+	bin := o.bin
+	if bin == "" {
+		bin = bins.Get(t).Server
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = serverEnv(t, o.env...)
 	s := &httpServer{t: t, cmd: cmd, stderr: &syncBuffer{}, cli: testenv.Engine(t), exited: make(chan struct{})}
 	cmd.Stderr = s.stderr
@@ -169,7 +175,10 @@ func (s *httpServer) connect(token string) *server {
 	return c
 }
 
-func (s *httpServer) tryConnect(token string) (*server, error) {
+func (s *httpServer) tryConnect(token string) (*server, error) { return s.tryConnectAt(token, "") }
+
+// tryConnectAt is tryConnect asking for protocol version ("": the SDK's).
+func (s *httpServer) tryConnectAt(token, version string) (*server, error) {
 	hc := &http.Client{Transport: http.DefaultTransport}
 	if token != "" {
 		hc.Transport = bearer{token, http.DefaultTransport}
@@ -179,7 +188,7 @@ func (s *httpServer) tryConnect(token string) (*server, error) {
 	c := &server{t: s.t, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
 	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) { c.progressed(r) }}
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, opts).
-		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, nil)
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, copts(version))
 	if err != nil {
 		return nil, err
 	}
@@ -321,11 +330,12 @@ func TestHTTPAuth(t *testing.T) {
 
 	// A session this process does not hold (its replica is gone, or the
 	// server restarted) is a 404, so clients start a new session, with a
-	// body that says why and what to do.
+	// body that says why and what to do. The body is not read (see
+	// TestHTTPUnknownSessionRefusedBeforeItsBody), so the error's id is null.
 	if r := s.do(http.MethodPost, "", with(bearerHeader(tokenA), "Mcp-Session-Id", "SESSIONOFAREPLICATHATDIED"), `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`); r.status != http.StatusNotFound ||
 		!strings.Contains(r.body, "UNAVAILABLE: this server does not hold that MCP session") || !strings.Contains(r.body, "initialize again") ||
-		!strings.Contains(r.body, `"id":3`) {
-		t.Errorf("unknown session: status %d, want 404 answering request 3 with UNAVAILABLE and to initialize again: %s", r.status, r.body)
+		!strings.Contains(r.body, `"id":null`) {
+		t.Errorf("unknown session: status %d, want 404 with UNAVAILABLE and to initialize again: %s", r.status, r.body)
 	}
 
 	// #13: DELETE ends a session; its id is dead afterwards.
@@ -455,7 +465,8 @@ func nonLoopbackIPv4(t *testing.T) string {
 func TestHTTPNonLoopback(t *testing.T) {
 	ip := nonLoopbackIPv4(t)
 
-	cmd := exec.Command(bins.Server, append([]string{"--http", ip + ":0"}, serverArgs(t)...)...)
+	args := append([]string{"--http", ip + ":0"}, serverArgs(t)...) // skips under -short before the build
+	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = serverEnv(t)
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--token") || strings.Contains(string(out), "serving MCP") {
@@ -634,7 +645,7 @@ func TestHTTPCallers(t *testing.T) {
 	}
 	// The operator checks a digest with the server's key.
 	written := find(func(m map[string]any) bool { return m["tool"] == "sandbox_write_file" && m["sandbox"] == idA })
-	check := exec.Command(bins.Server, "audit", "digest", "--state-dir", stateDir)
+	check := exec.Command(bins.Get(t).Server, "audit", "digest", "--state-dir", stateDir)
 	check.Env = serverEnv(t)
 	check.Stdin = strings.NewReader(`{"content": "alpha", "path": "mine.txt"}` + "\n")
 	if out, err := check.Output(); err != nil || strings.TrimSpace(string(out)) != written["arg_digest"] {

@@ -17,7 +17,7 @@ Prints the tag of the default sandbox image (the one make image builds and
   docker build --build-arg BASE="$(sandbox-mcp image)" -t my-sandbox examples/toolchain
   sandbox-mcp --image my-sandbox
 
-examples/toolchain/Dockerfile shows how; README.md, "Your own toolchain", says
+examples/toolchain/Dockerfile shows how; docs/image.md, "Your own toolchain", says
 what such an image must keep.
 `
 

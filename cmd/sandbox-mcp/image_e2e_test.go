@@ -437,7 +437,8 @@ func TestToolboxPackageManagersThroughProxy(t *testing.T) {
 // `sandbox-mcp image` prints, offline, and runs a sandbox on the result with
 // --image: the tool it adds runs as the sandbox user.
 func TestToolchainImage(t *testing.T) {
-	out, err := exec.Command(bins.Server, "image").Output()
+	testenv.NeedsDocker(t) // skips under -short before the build
+	out, err := exec.Command(bins.Get(t).Server, "image").Output()
 	if err != nil {
 		t.Fatalf("sandbox-mcp image: %v", err)
 	}

@@ -294,7 +294,7 @@ func TestKubeWarmPoolAndIdleReap(t *testing.T) {
 func TestKubeDoctor(t *testing.T) {
 	k := newKubeEnv(t)
 	doctor := func(args ...string) (string, error) {
-		cmd := exec.Command(bins.Server, append([]string{"doctor", "--image", testenv.TestImage(t), "--state-dir", t.TempDir()}, args...)...)
+		cmd := exec.Command(bins.Get(t).Server, append([]string{"doctor", "--image", testenv.TestImage(t), "--state-dir", t.TempDir()}, args...)...)
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}

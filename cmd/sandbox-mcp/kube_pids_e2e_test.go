@@ -23,7 +23,7 @@ import (
 // and the node still starts and serves other sandboxes.
 func TestKubeForkBombBounded(t *testing.T) {
 	k := newKubeEnv(t)
-	cmd := exec.Command(bins.Server, append([]string{"doctor", "--image", testenv.TestImage(t), "--state-dir", t.TempDir()}, k.args()...)...)
+	cmd := exec.Command(bins.Get(t).Server, append([]string{"doctor", "--image", testenv.TestImage(t), "--state-dir", t.TempDir()}, k.args()...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "ok    sandbox pods are limited to about") || strings.Contains(string(out), "FAIL") {
 		t.Fatalf("doctor: %v\n%s", err, out)

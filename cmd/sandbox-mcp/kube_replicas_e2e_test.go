@@ -84,7 +84,7 @@ func startKubeServer(t *testing.T, kubeconfig, ns, stateDir string, extra ...str
 		// Small sandboxes: the node has two CPUs, shared with other tests.
 		"--memory", "128MiB", "--cpus", "0.1", "--max-workspace-bytes", "32MiB",
 	}, extra...)
-	s := &kubeServer{cmd: exec.Command(bins.Server, args...), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	s := &kubeServer{cmd: exec.Command(bins.Get(t).Server, args...), stderr: &syncBuffer{}, exited: make(chan struct{})}
 	s.cmd.Stderr = s.stderr
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

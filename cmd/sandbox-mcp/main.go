@@ -7,7 +7,9 @@
 //	sandbox-mcp [flags]        serve MCP over stdio
 //	sandbox-mcp --http ADDR    serve streamable HTTP at http://ADDR/mcp
 //	sandbox-mcp doctor [flags] check the engine, the image and the agent
+//	sandbox-mcp prepare [flags] prepare what sandboxes need, then exit
 //	sandbox-mcp image          print the default image's tag (to build on)
+//	sandbox-mcp uninstall      remove everything it made (images, sandboxes, state, firewall table)
 //	sandbox-mcp version        print the version
 //
 // Every flag also reads from SANDBOX_MCP_<NAME> and from the JSON file
@@ -32,8 +34,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/image"
-	"github.com/sandbox-mcp/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
@@ -71,18 +73,26 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return 0
 		case "doctor":
 			return doctor(ctx, args[1:], stdout, getenv)
+		case "prepare":
+			return prepareCmd(ctx, args[1:], stderr, getenv)
 		case "snapshot":
 			return snapshotCmd(args[1:], stdout, stderr, getenv)
 		case "audit":
 			return auditCmd(args[1:], stdin, stdout, stderr, getenv)
 		case "image":
 			return imageCmd(args[1:], stdout, stderr)
+		case "uninstall":
+			return uninstallCmd(ctx, args[1:], stdout, stderr, getenv)
 		case "help", "-h", "--help", "-help":
 			usage(stdout, getenv)
 			return 0
 		}
 	}
 	cfg, err := ParseConfig(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		usage(stdout, getenv)
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox-mcp: %v\n", err)
 		return 2
@@ -139,35 +149,6 @@ func stopReason(ctx context.Context, cfg Config, err error) string {
 	return "stopped"
 }
 
-func usage(w io.Writer, getenv func(string) string) {
-	cfg := defaultConfig(getenv)
-	f := newFlagSet(&cfg, getenv)
-	fmt.Fprintf(w, `sandbox-mcp %s: an MCP server that runs code in one hardened Docker container per session.
-
-Usage:
-  sandbox-mcp [flags]         serve MCP over stdio
-  sandbox-mcp --http ADDR     serve streamable HTTP at http://ADDR/mcp (many sessions; see --token)
-  sandbox-mcp doctor [flags]  check the engine, the image and the agent, and say what to fix
-  sandbox-mcp snapshot list|export|rm ...   manage stored snapshots (sandbox-mcp snapshot -h)
-  sandbox-mcp audit digest [flags] < ARGS    the audit log's digest of a tool call's arguments (JSON on stdin)
-  sandbox-mcp image           print the default image's tag, to build your own image FROM it
-  sandbox-mcp version         print the version
-
-Every flag can also be set as %s<NAME> (e.g. %s) or as a key of the
-JSON file --config names. Flags win over the environment, which wins over the file.
-
-Flags:
-`, buildVersion(), EnvPrefix, EnvVar("max-file-bytes"))
-	f.fs.VisitAll(func(fl *flag.Flag) {
-		typ, use := flag.UnquoteUsage(fl)
-		fmt.Fprintf(w, "  --%s %s\n    \t%s", fl.Name, typ, use)
-		if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" {
-			fmt.Fprintf(w, " (default %s)", fl.DefValue)
-		}
-		fmt.Fprintf(w, " [%s]\n", EnvVar(fl.Name))
-	})
-}
-
 func newLogger(w io.Writer, level string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
@@ -184,7 +165,8 @@ func buildVersion() string {
 	return "dev"
 }
 
-// newManager connects to the engine and prepares the sandboxes' runtime.
+// newManager makes the session manager, which prepares what sandboxes need
+// in the background (see session.NewManager).
 // deny lists addresses the egress proxy must never reach (the MCP HTTP
 // listener); auditLog, if not nil, gets a record per proxy decision.
 func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, func(), error) {
@@ -208,16 +190,13 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 			}
 		}
 	} else {
+		// The engine is first called by the preparation, in the
+		// background: the client is answered at once, and a call that
+		// needs a sandbox says what is wrong with the engine.
 		var err error
 		cli, err = client.New(client.FromEnv)
 		if err != nil {
 			return nil, nil, fmt.Errorf("docker client: %w", err)
-		}
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
-			cli.Close()
-			return nil, nil, fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
 		}
 		release = func() { cli.Close() }
 	}
@@ -225,6 +204,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		Instance:    instance,
 		Image:       cfg.Image,
 		AgentBinary: cfg.AgentBin,
+		AgentMount:  cfg.AgentMount,
 		Policy:      cfg.Policy,
 		Env:         cfg.Env,
 		StateDir:    cfg.StateDir,
@@ -264,8 +244,11 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 
 // newServer builds the MCP server with every tool and resource; auditLog, if
 // not nil, gets a record per tool call.
-func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
+func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *tools.Memory, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
+	if m != nil {
+		view.Toolbox = tools.ParseToolbox(m.Toolbox(context.Background())) // the image's own manifest, read in at most 2 s
+	}
 	for _, sec := range cfg.Secrets {
 		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
 	}
@@ -283,10 +266,11 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, log *sl
 		Policy:     cfg.Policy,
 		PolicyView: view,
 		Sessions:   sessions,
+		Memory:     mem,
 		Logger:     log,
 	}
 	if auditLog != nil {
-		deps.Audit = auditLog.Record
+		deps.Audit = func(r tools.Record) { auditLog.Record(auditTool(r)) }
 	}
 	tools.Register(s, deps)
 	return s
@@ -305,7 +289,7 @@ func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writ
 	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
-	server := newServer(cfg, m, sessions, log, auditLog)
+	server := newServer(cfg, m, sessions, nil, log, auditLog)
 
 	// On a signal, end the calls in flight first: the SDK waits for them.
 	closed := make(chan error, 1)

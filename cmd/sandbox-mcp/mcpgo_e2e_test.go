@@ -132,7 +132,7 @@ func mcpgoRun(t *testing.T, c *mcpclient.Client) string {
 func TestMCPGoStdio(t *testing.T) {
 	cli := testenv.Engine(t)
 	logs := &syncBuffer{}
-	c, err := mcpclient.NewStdioMCPClientWithOptions(bins.Server, serverEnv(t), serverArgs(t), transport.WithCommandStderrWriter(logs))
+	c, err := mcpclient.NewStdioMCPClientWithOptions(bins.Get(t).Server, serverEnv(t), serverArgs(t), transport.WithCommandStderrWriter(logs))
 	if err != nil {
 		t.Fatal(err)
 	}

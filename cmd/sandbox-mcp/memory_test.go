@@ -61,11 +61,11 @@ var plain struct {
 func plainServer(t *testing.T) string {
 	t.Helper()
 	if !raceEnabled {
-		return bins.Server
+		return bins.Get(t).Server
 	}
 	plain.once.Do(func() {
 		var b testenv.Binaries
-		b, plain.err = testenv.Build(filepath.Join(bins.Dir, "plain"), true, false)
+		b, plain.err = testenv.Build(filepath.Join(bins.Get(t).Dir, "plain"), true, false)
 		plain.bin = b.Server
 	})
 	if plain.err != nil {
@@ -196,7 +196,8 @@ func (c *lineClient) tool(name string, args map[string]any) ([]byte, toolAnswer,
 // allowed beside it, over what the idle server uses. Calls that do not fit
 // get BUSY; nothing fails otherwise, and the session goes on.
 func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
-	cmd := exec.Command(plainServer(t), "--image", testenv.TestImage(t), "--state-dir", t.TempDir(), "--agent-bin", bins.Agent,
+	img := testenv.TestImage(t) // skips under -short before the build
+	cmd := exec.Command(plainServer(t), "--image", img, "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
 		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "info")
 	cmd.Env = serverEnv(t)
 	stderr := &syncBuffer{}

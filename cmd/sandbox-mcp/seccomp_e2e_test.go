@@ -24,8 +24,8 @@ func TestDoctorIOURing(t *testing.T) {
 	major, _ := strconv.Atoi(strings.SplitN(v.Version, ".", 2)[0])
 	doctor := func(extra ...string) string {
 		t.Helper()
-		args := append([]string{"doctor", "--image", testenv.TestImage(t), "--agent-bin", bins.Agent, "--state-dir", t.TempDir()}, extra...)
-		out, err := exec.Command(bins.Server, args...).CombinedOutput()
+		args := append([]string{"doctor", "--image", testenv.TestImage(t), "--agent-bin", bins.Get(t).Agent, "--state-dir", t.TempDir()}, extra...)
+		out, err := exec.Command(bins.Get(t).Server, args...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "sandbox-mcp is ready.") {
 			t.Fatalf("doctor %q: %v\n%s", extra, err, out)
 		}

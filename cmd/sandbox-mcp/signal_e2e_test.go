@@ -23,7 +23,8 @@ import (
 // in every phase of the shutdown.
 func TestStdioSignalsWhileStoppingAreHarmless(t *testing.T) {
 	cli := testenv.Engine(t)
-	cmd := exec.Command(bins.Server, serverArgs(t)...)
+	args := serverArgs(t) // skips under -short before the build
+	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = serverEnv(t)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr

@@ -43,7 +43,7 @@ func startPipedServer(t *testing.T, args ...string) *pipedServer {
 		t.Fatal(err)
 	}
 	s.stderr = r
-	s.cmd = exec.Command(bins.Server, append(append(serverArgs(t), "--audit-log", s.audit), args...)...)
+	s.cmd = exec.Command(bins.Get(t).Server, append(append(serverArgs(t), "--audit-log", s.audit), args...)...)
 	s.cmd.Env = serverEnv(t)
 	s.cmd.Stderr = w
 	go func() {

@@ -67,17 +67,34 @@ func (c Code) Valid() bool {
 type Error struct {
 	Code    Code
 	Message string
+
+	// causes are the errors Errorf's %w verbs wrapped: errors.Is and
+	// errors.As see them. They stay on this side of the agent's protocol,
+	// which carries Code and Message only.
+	causes []error
 }
 
 // Error renders e as a tool error's text: "CODE: message".
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 
 // Errorf returns an *Error with the code and a formatted message. The
-// arguments are formatted as by fmt.Sprintf: an error among them is
-// rendered, not wrapped.
+// arguments are formatted as by fmt.Errorf: an error given to a %w verb is
+// rendered in the message and stays visible to errors.Is and errors.As
+// (through Unwrap); one given to %v is only rendered.
 func Errorf(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	err := fmt.Errorf(format, args...)
+	e := &Error{Code: code, Message: err.Error()}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		e.causes = []error{u.Unwrap()}
+	case interface{ Unwrap() []error }:
+		e.causes = u.Unwrap()
+	}
+	return e
 }
+
+// Unwrap returns the errors Errorf wrapped with %w, if any.
+func (e *Error) Unwrap() []error { return e.causes }
 
 // As returns the first *Error in err's chain, if there is one.
 func As(err error) (*Error, bool) {

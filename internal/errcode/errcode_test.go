@@ -1,8 +1,10 @@
 package errcode
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"testing"
 )
@@ -60,5 +62,36 @@ func TestAsRefusesOtherErrors(t *testing.T) {
 		if e, ok := As(err); ok || e != nil {
 			t.Errorf("As(%v) = %v, %v; want nothing", err, e, ok)
 		}
+	}
+}
+
+// TestErrorfKeepsItsCause: an error given to %w stays visible to errors.Is
+// and errors.As through the *Error, and reads in the message as with
+// fmt.Errorf; one given to %v is rendered only.
+func TestErrorfKeepsItsCause(t *testing.T) {
+	pathErr := &fs.PathError{Op: "open", Path: "a/b", Err: fs.ErrNotExist}
+	e := Errorf(NotFound, "read %q: %w", "a/b", pathErr)
+	if got, want := e.Error(), `NOT_FOUND: read "a/b": open a/b: file does not exist`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	if !errors.Is(e, fs.ErrNotExist) {
+		t.Error("errors.Is(e, fs.ErrNotExist) = false: the cause given to %w is hidden")
+	}
+	var pe *fs.PathError
+	if !errors.As(e, &pe) || pe != pathErr {
+		t.Errorf("errors.As(e, *fs.PathError) = %v", pe)
+	}
+	if got, ok := As(fmt.Errorf("outer: %w", e)); !ok || got != e {
+		t.Errorf("As(wrapped) = %v, %v; want e itself", got, ok)
+	}
+
+	two := Errorf(Timeout, "%w after %w", context.DeadlineExceeded, pathErr)
+	if !errors.Is(two, context.DeadlineExceeded) || !errors.Is(two, fs.ErrNotExist) {
+		t.Errorf("%v: both causes given to %%w should be visible", two)
+	}
+
+	rendered := Errorf(NotFound, "read: %v", pathErr)
+	if errors.Is(rendered, fs.ErrNotExist) || rendered.Unwrap() != nil {
+		t.Errorf("%v: an error given to %%v was wrapped", rendered)
 	}
 }

@@ -1,11 +1,16 @@
 package layout
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -19,8 +24,7 @@ var hostRoots = []string{
 	module + "/tools/...",
 	module + "/policy/...",
 	module + "/netproxy/...",
-	module + "/internal/audit",
-	module + "/internal/httpguard",
+	module + "/cmd/sandbox-mcp/...",
 }
 
 // agentSide are the packages only the in-container program may link.
@@ -40,36 +44,99 @@ var shared = []string{
 // standard library that the agent may link.
 var agentExternal = []string{"golang.org/x/sys/"}
 
-// deps lists the packages the named packages build from (themselves
-// included), leaving out the standard library and test files, as they build
-// for the agent's target: Linux without cgo.
-func deps(t *testing.T, pkgs ...string) []string {
+// pkg is what `go list` says of one package.
+type pkg struct {
+	ImportPath string
+	Standard   bool
+	Imports    []string // imported by its own files, test files left out
+	Deps       []string // everything it builds from, test files left out
+}
+
+// graph is the module's package graph, listed once for every rule.
+var graph struct {
+	once sync.Once
+	pkgs map[string]*pkg
+	err  error
+}
+
+// load lists, with one `go list -deps` call, every package of this module
+// and everything they build from, as they build for the agent's target:
+// Linux without cgo.
+func load(t *testing.T) map[string]*pkg {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("this test runs `go list -deps` and found no go command on PATH (%v): put the Go toolchain's bin directory on PATH", err)
-	}
-	args := append([]string{"list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}"}, pkgs...)
-	cmd := exec.Command(goTool, args...)
-	cmd.Env = append(os.Environ(), "GOOS=linux", "CGO_ENABLED=0")
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr string
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			stderr = string(ee.Stderr)
+	graph.once.Do(func() {
+		goTool, err := exec.LookPath("go")
+		if err != nil {
+			graph.err = fmt.Errorf("this test runs `go list -deps` and found no go command on PATH (%v): put the Go toolchain's bin directory on PATH", err)
+			return
 		}
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)
+		args := []string{"list", "-deps", "-json=ImportPath,Standard,Imports,Deps", module + "/..."}
+		cmd := exec.Command(goTool, args...)
+		cmd.Env = append(os.Environ(), "GOOS=linux", "CGO_ENABLED=0")
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr string
+			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+				stderr = string(ee.Stderr)
+			}
+			graph.err = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)
+			return
+		}
+		graph.pkgs = make(map[string]*pkg)
+		dec := json.NewDecoder(bytes.NewReader(out))
+		for dec.More() {
+			p := new(pkg)
+			if err := dec.Decode(p); err != nil {
+				graph.err = fmt.Errorf("go %s: %v", strings.Join(args, " "), err)
+				return
+			}
+			graph.pkgs[p.ImportPath] = p
+		}
+		if graph.pkgs[module+"/cmd/sandbox-mcp"] == nil {
+			graph.err = fmt.Errorf("go %s did not list %s/cmd/sandbox-mcp: the rules would check nothing", strings.Join(args, " "), module)
+		}
+	})
+	if graph.err != nil {
+		t.Fatal(graph.err)
 	}
-	var list []string
-	for line := range strings.Lines(string(out)) {
-		if p := strings.TrimSpace(line); p != "" {
-			list = append(list, p)
+	return graph.pkgs
+}
+
+// matches reports whether the import path p matches the pattern, a package
+// path or one ending in "/..." (the package and everything below it).
+func matches(pattern, p string) bool {
+	if root, ok := strings.CutSuffix(pattern, "/..."); ok {
+		return p == root || strings.HasPrefix(p, root+"/")
+	}
+	return p == pattern
+}
+
+// deps lists the packages the named packages (paths or patterns) build
+// from, themselves included, leaving out the standard library and test
+// files, as they build for the agent's target.
+func deps(t *testing.T, patterns ...string) []string {
+	t.Helper()
+	pkgs := load(t)
+	seen := make(map[string]bool)
+	for _, pattern := range patterns {
+		n := 0
+		for path, p := range pkgs {
+			if !matches(pattern, path) || p.Standard {
+				continue
+			}
+			n++
+			seen[path] = true
+			for _, d := range p.Deps {
+				if dp := pkgs[d]; dp != nil && !dp.Standard {
+					seen[d] = true
+				}
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%s names no package of the module: the rule would check nothing", pattern)
 		}
 	}
-	if len(list) == 0 {
-		t.Fatalf("go %s listed no package", strings.Join(args, " "))
-	}
-	return list
+	return slices.Sorted(maps.Keys(seen))
 }
 
 func TestHostDoesNotLinkTheAgent(t *testing.T) {
@@ -105,11 +172,11 @@ func TestAgentLinksNoHostPackage(t *testing.T) {
 var mustNotLink = []struct {
 	pkg, forbidden, why string
 }{
-	{module + "/internal/httpguard", module + "/cmd/sandbox-mcp",
+	{module + "/cmd/sandbox-mcp/internal/httpguard", module + "/cmd/sandbox-mcp",
 		"the HTTP guard takes its own Options, not the server's Config"},
-	{module + "/internal/httpguard", module + "/tools",
+	{module + "/cmd/sandbox-mcp/internal/httpguard", module + "/tools",
 		"the guard ends a session's sandbox through its Sessions interface"},
-	{module + "/internal/httpguard", module + "/session",
+	{module + "/cmd/sandbox-mcp/internal/httpguard", module + "/session",
 		"the guard checks requests; sandboxes are the tools' business"},
 }
 
@@ -119,19 +186,19 @@ var mustNotImport = []struct {
 	pkg, forbidden, why string
 }{
 	{module + "/tools", module + "/netproxy",
-		"the tools know sandboxes and policy, not the egress proxy; what both report goes to internal/audit, which main wires to each"},
-	{module + "/tools", module + "/internal/audit",
-		"the tools hand their records to a func (Deps.Audit); main wires the audit log to it"},
+		"the tools know sandboxes and policy, not the egress proxy; what both report goes to the audit log, which main wires to each"},
+	{module + "/cmd/sandbox-mcp/internal/audit", module + "/tools",
+		"the audit log owns its line format (audit.ToolRecord); main turns the tools' Record into it"},
 }
 
 // imports lists the packages pkg imports itself, test files left out.
-func imports(t *testing.T, pkg string) []string {
+func imports(t *testing.T, path string) []string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, pkg).Output()
-	if err != nil {
-		t.Fatalf("go list %s: %v", pkg, err)
+	p := load(t)[path]
+	if p == nil {
+		t.Fatalf("go list -deps %s/... did not list %s", module, path)
 	}
-	return strings.Fields(string(out))
+	return p.Imports
 }
 
 func TestPackagesImportOnlyWhatTheyMay(t *testing.T) {
@@ -184,6 +251,52 @@ func TestSnapshotCommandLinksNoEngine(t *testing.T) {
 			if linksDocker(p) || p == module+"/session" || strings.HasPrefix(p, module+"/session/") {
 				t.Errorf("%s links %s: the snapshots in the state directory are read and written without an engine or a server; keep the snapshot store and `sandbox-mcp snapshot` free of session and Docker", root, p)
 			}
+		}
+	}
+}
+
+// TestPolicyIsPure: policy decides from its inputs alone; of this module it
+// builds only on the error vocabulary, never on the wire, a sandbox or a
+// tool.
+func TestPolicyIsPure(t *testing.T) {
+	root := module + "/policy"
+	for _, p := range deps(t, root) {
+		if p != root && p != module+"/internal/errcode" && (p == module || strings.HasPrefix(p, module+"/")) {
+			t.Errorf("%s links %s: policy is pure and of this module builds only on internal/errcode; copy the constant it needs and check the copy in a test", root, p)
+		}
+	}
+}
+
+// TestInternalIsSortedByWhoUsesIt: a package under the module's internal/
+// is shared; one that only a single command's packages import belongs under
+// that command (cmd/NAME/internal/), where its users are.
+func TestInternalIsSortedByWhoUsesIt(t *testing.T) {
+	pkgs := load(t)
+	importers := make(map[string][]string)
+	for path, p := range pkgs {
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module+"/internal/") {
+				importers[imp] = append(importers[imp], path)
+			}
+		}
+	}
+	if len(importers[module+"/internal/errcode"]) == 0 {
+		t.Fatal("no package imports internal/errcode: the rule would check nothing")
+	}
+	for imp, users := range importers {
+		cmds := make(map[string]bool)
+		for _, u := range users {
+			rest, ok := strings.CutPrefix(u, module+"/cmd/")
+			if !ok {
+				cmds[""] = true // a library package: the import is shared
+				continue
+			}
+			name, _, _ := strings.Cut(rest, "/")
+			cmds[name] = true
+		}
+		if len(cmds) == 1 && !cmds[""] {
+			slices.Sort(users)
+			t.Errorf("%s is imported only by %v, one command's packages: move it under that command's internal/", imp, users)
 		}
 	}
 }

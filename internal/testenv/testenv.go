@@ -261,3 +261,40 @@ func ServerImage(t testing.TB) string {
 	}
 	return serverImageTag
 }
+
+// LazyBinaries are Binaries built on first use rather than in TestMain, so
+// that a run whose tests all skip (`go test -short` of end-to-end tests)
+// builds nothing. Each test that needs them calls Get; the build happens
+// once per test binary, and Cleanup (from TestMain, after m.Run) removes it.
+type LazyBinaries struct {
+	WithServer bool // build the server too, not only the agent
+	Race       bool // build the server with the race detector
+
+	once sync.Once
+	dir  string
+	b    Binaries
+	err  error
+}
+
+// Get returns the binaries, building them on the first call; a failed build
+// fails every test that asks.
+func (l *LazyBinaries) Get(t testing.TB) Binaries {
+	t.Helper()
+	l.once.Do(func() {
+		l.dir, l.err = os.MkdirTemp("", "sandbox-mcp-bin-")
+		if l.err == nil {
+			l.b, l.err = Build(l.dir, l.WithServer, l.Race)
+		}
+	})
+	if l.err != nil {
+		t.Fatal(l.err)
+	}
+	return l.b
+}
+
+// Cleanup removes what Get built, if anything.
+func (l *LazyBinaries) Cleanup() {
+	if l.dir != "" {
+		os.RemoveAll(l.dir)
+	}
+}

@@ -7,6 +7,9 @@
 // readers and writers. It knows nothing of the protocol, of snapshots, of
 // idle timeouts or of MCP: session's state machine drives it through the
 // three calls of Backend and the few of Instance.
+//
+// What the interfaces promise is checked on every backend by the
+// conformance suite in session/backend/backendtest.
 package backend
 
 import (
@@ -19,9 +22,12 @@ import (
 // Backend runs sandbox instances. Its methods are safe for concurrent use.
 type Backend interface {
 	// Prepare makes ready what every instance needs (the runtime image,
-	// the host's firewall chain); the server calls it once, before any
-	// Start. An error says what the operator must fix.
-	Prepare(ctx context.Context) error
+	// the host's firewall chain). The server calls it in the background
+	// from its start, before any Start, and again after it failed; it must
+	// be safe to call again after a failure. It tells step what it is
+	// doing, each time that changes, so that the log and the calls waiting
+	// for it can say so. An error says what the operator must fix.
+	Prepare(ctx context.Context, step func(Step)) error
 	// Start starts one instance, its agent running with the protocol
 	// stream attached, and returns when the agent's stream is open (not
 	// when the agent said hello: the caller reads that). Errors the model
@@ -44,6 +50,19 @@ type Backend interface {
 	// whose stream no server holds any more, their networks and rules. It
 	// never touches what a live server (this one or another) still uses.
 	Sweep(ctx context.Context) error
+}
+
+// Step is what a backend's Prepare is doing, for the log and for the tool
+// calls that wait for it: "building the sandbox image" because "the agent
+// changed since the last start".
+type Step struct {
+	// What is being done, as a phrase: "building the sandbox image".
+	What string
+	// Why it is needed now ("" when it is done at every start).
+	Why string
+	// Usually says how long this step usually takes, in words ("1-3 min
+	// on a loaded engine"); "" for a moment.
+	Usually string
 }
 
 // Instance is one started sandbox instance: a container, a pod.

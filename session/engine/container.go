@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
@@ -32,6 +33,10 @@ const (
 	LabelCreated = "io.sandbox-mcp.created"
 	// LabelRuntime marks a runtime image (a base image plus the agent).
 	LabelRuntime = "io.sandbox-mcp.runtime"
+	// LabelToolbox, on a sandbox image, is its toolbox manifest: what it
+	// has and lacks, as JSON, written by the image's build
+	// (image/build.sh).
+	LabelToolbox = "io.sandbox-mcp.toolbox"
 )
 
 // The identity a sandbox container starts with: its init and the agent run
@@ -53,6 +58,9 @@ type ContainerParams struct {
 	UID    int               // non-root numeric user every command runs as
 	GID    int
 	Env    []string // the sandbox's whole environment (NAME=VALUE)
+	// AgentMount is the host path of the agent, bind-mounted read-only
+	// at AgentPath; "" when Image holds the agent.
+	AgentMount string
 
 	WorkspaceBytes    int64 // size of the /workspace tmpfs
 	WorkspaceReadOnly bool  // mount /workspace read-only
@@ -72,9 +80,11 @@ type ContainerParams struct {
 	// NetworkAddr is the container's address on Network (zero lets the
 	// engine pick). The egress proxy serves this address only.
 	NetworkAddr netip.Addr
-	// DNS replaces the engine's upstream resolvers (nil keeps them). A
-	// sandbox on an internal network gets its gateway, where the firewall
-	// refuses port 53: lookups fail at once, and no query leaves.
+	// DNS replaces the upstream resolvers of the engine's embedded
+	// resolver (nil keeps them). A sandbox on an internal network gets its
+	// gateway, where the firewall refuses port 53, so no query leaves. The
+	// sandbox's own lookups never reach the embedded resolver (see
+	// ResolvConf).
 	DNS []netip.Addr
 	// Runtime is the OCI runtime ("" for the engine's default, or "runsc").
 	Runtime string
@@ -82,6 +92,19 @@ type ContainerParams struct {
 	// default; "" keeps the default.
 	SeccompProfile string
 }
+
+// ResolvConf is what a sandbox container's /etc/resolv.conf is: /dev/null
+// bound read-only over it, an empty file, in every network mode. A
+// resolv.conf without a nameserver makes every resolver (the C library's,
+// Go's, c-ares in Node.js) ask 127.0.0.1:53, where nothing listens in the
+// sandbox's network namespace: the query is refused by the kernel and the
+// lookup fails at once. The engine's own resolv.conf would send lookups to
+// its embedded resolver (127.0.0.11) on an internal network, which, when
+// every upstream refuses, does not answer at all (Docker 20.10 drops the
+// query), so each lookup waited out the C library's timeouts: 10 s in
+// Python and Node.js, 20 s in getent. The sandbox needs no DNS: the egress
+// proxy resolves the names it is asked to tunnel to.
+const ResolvConf = "/dev/null"
 
 // ContainerSpec builds the options that create a sandbox container. It is
 // pure: the container's hardening lives here, in one place, and is tested
@@ -138,6 +161,9 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		Runtime:        p.Runtime,
 		IpcMode:        container.IPCModePrivate,
 		DNS:            append([]netip.Addr(nil), p.DNS...),
+		Mounts: []mount.Mount{
+			{Type: mount.TypeBind, Source: ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
+		},
 		Tmpfs: map[string]string{
 			WorkspaceDir: wsOpts,
 			"/tmp":       fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", p.TmpBytes),
@@ -155,6 +181,9 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 	if p.WorkspaceInImage {
 		delete(host.Tmpfs, WorkspaceDir)
 	}
+	if p.AgentMount != "" {
+		host.Mounts = agentMounts(p.AgentMount)
+	}
 	var netCfg *network.NetworkingConfig
 	if netMode != "none" {
 		ep := &network.EndpointSettings{}
@@ -169,6 +198,11 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		HostConfig:       host,
 		NetworkingConfig: netCfg,
 	}
+}
+
+// agentMounts bind-mounts the agent at path, read-only, at AgentPath.
+func agentMounts(path string) []mount.Mount {
+	return []mount.Mount{{Type: mount.TypeBind, Source: path, Target: AgentPath, ReadOnly: true}}
 }
 
 // securityOpts are the container's security options: no-new-privileges,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 )
 
 func testParams() ContainerParams {
@@ -65,7 +66,9 @@ func TestContainerSpec(t *testing.T) {
 	check("auto remove", h.AutoRemove)
 	check("no engine log of the protocol", h.LogConfig.Type == "none")
 	check("network none", h.NetworkMode == "none" && o.NetworkingConfig == nil)
-	check("no host binds", len(h.Binds) == 0 && len(h.Mounts) == 0 && len(h.VolumesFrom) == 0)
+	check("no host binds", len(h.Binds) == 0 && len(h.VolumesFrom) == 0)
+	check("the one mount: an empty resolv.conf, read-only", len(h.Mounts) == 1 && h.Mounts[0].Type == "bind" &&
+		h.Mounts[0].Source == "/dev/null" && h.Mounts[0].Target == "/etc/resolv.conf" && h.Mounts[0].ReadOnly)
 	check("no devices", len(h.Devices) == 0 && len(h.DeviceRequests) == 0 && len(h.DeviceCgroupRules) == 0)
 	check("host namespaces not shared", h.PidMode == "" && h.IpcMode == container.IPCModePrivate && h.UTSMode == "" && h.UsernsMode == "" && h.CgroupnsMode == "")
 	check("no published ports", len(h.PortBindings) == 0 && !h.PublishAllPorts)
@@ -110,6 +113,13 @@ func TestContainerSpec(t *testing.T) {
 	p.SeccompProfile = `{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[]}`
 	so := ContainerSpec(p).HostConfig.SecurityOpt
 	check("seccomp profile", slices.Equal(so, []string{"no-new-privileges=true", "seccomp=" + p.SeccompProfile}))
+
+	// A bind-mounted agent is the one host path in the container: the
+	// agent's file alone, read-only, where the image would hold it.
+	p.AgentMount = "/var/lib/sandbox-mcp/agents/0123/sandbox-agent"
+	m := ContainerSpec(p).HostConfig
+	check("agent bind mount", len(m.Mounts) == 1 && m.Mounts[0].Type == mount.TypeBind && m.Mounts[0].Source == p.AgentMount &&
+		m.Mounts[0].Target == AgentPath && m.Mounts[0].ReadOnly && len(m.Binds) == 0)
 
 	// The spec does not share the caller's slices and maps.
 	p2 := testParams()

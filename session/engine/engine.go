@@ -13,15 +13,21 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
@@ -39,10 +45,13 @@ type Engine interface {
 	ContainerList(ctx context.Context, options client.ContainerListOptions) (client.ContainerListResult, error)
 	ImageInspect(ctx context.Context, imageID string, inspectOpts ...client.ImageInspectOption) (client.ImageInspectResult, error)
 	ImageBuild(ctx context.Context, buildContext io.Reader, options client.ImageBuildOptions) (client.ImageBuildResult, error)
+	ImageList(ctx context.Context, options client.ImageListOptions) (client.ImageListResult, error)
 	NetworkCreate(ctx context.Context, name string, options client.NetworkCreateOptions) (client.NetworkCreateResult, error)
 	NetworkRemove(ctx context.Context, networkID string, options client.NetworkRemoveOptions) (client.NetworkRemoveResult, error)
 	NetworkList(ctx context.Context, options client.NetworkListOptions) (client.NetworkListResult, error)
 	NetworkInspect(ctx context.Context, networkID string, options client.NetworkInspectOptions) (client.NetworkInspectResult, error)
+	Ping(ctx context.Context, options client.PingOptions) (client.PingResult, error)
+	DaemonHost() string
 }
 
 var _ Engine = (*client.Client)(nil)
@@ -58,8 +67,15 @@ type Config struct {
 	Client Engine
 	// Image is the base image of every sandbox; it must exist locally.
 	Image string
-	// AgentBinary is the path of the static agent binary added to Image.
+	// AgentBinary is the path of the static agent binary given to every
+	// sandbox (see AgentMount).
 	AgentBinary string
+	// AgentMount says how sandboxes get the agent: AgentMountBind,
+	// AgentMountImage, or AgentMountAuto ("" too).
+	AgentMount string
+	// AgentDir is a directory of this host where the agent is copied, by
+	// digest, for bind mounts; "" means AgentMountImage.
+	AgentDir string
 	// Seed, if set, is baked into the runtime image's /workspace, which
 	// then gets no tmpfs: a read-only workspace that starts with content.
 	Seed *Seed
@@ -82,13 +98,34 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// How a sandbox gets the agent binary (Config.AgentMount).
+const (
+	// AgentMountAuto bind-mounts the agent where the engine runs on this
+	// host (its socket is a local one, and a probe container shows that it
+	// sees the file), and builds an image with it otherwise.
+	AgentMountAuto = "auto"
+	// AgentMountBind bind-mounts a copy of the agent, read-only, into
+	// every container: nothing is built at start, whatever the agent.
+	AgentMountBind = "bind"
+	// AgentMountImage builds a runtime image, the base image with the
+	// agent added, once per agent and base: what a remote engine needs.
+	AgentMountImage = "image"
+)
+
+// pingTimeout bounds the first call to the engine.
+const pingTimeout = 10 * time.Second
+
 // Docker is the Docker backend. Prepare must succeed before Start.
 type Docker struct {
-	cfg   Config
-	cli   Engine
-	log   *slog.Logger
-	image string    // runtime image, set by Prepare
-	fw    *firewall // nil without Egress
+	cfg Config
+	cli Engine
+	log *slog.Logger
+	// mu guards what Prepare sets, which a Prepare tried again after a
+	// failure may set again.
+	mu         sync.Mutex
+	image      string    // runtime image, set by Prepare
+	agentMount string    // host path of the agent bind-mounted into sandboxes; "" when the image holds it
+	fw         *firewall // nil without Egress
 	// createGrace is DefaultCreateGrace (tests shorten it).
 	createGrace time.Duration
 }
@@ -116,27 +153,224 @@ func New(cfg Config) (*Docker, error) {
 	return &Docker{cfg: cfg, cli: cfg.Client, log: log, createGrace: DefaultCreateGrace}, nil
 }
 
-// Prepare builds the runtime image if needed and, with Egress, makes sure
-// the firewall chain is in place.
-func (d *Docker) Prepare(ctx context.Context) error {
-	img, err := RuntimeImage(ctx, d.cli, d.cfg.Image, d.cfg.AgentBinary, d.cfg.Seed, d.cfg.UID, d.cfg.GID)
+// Prepare connects to the engine, checks the base image, gives sandboxes
+// the agent (a read-only bind mount of a copy of it, or a runtime image
+// with it, see AgentMount), builds a read-only workspace's seed image, and,
+// with Egress, makes sure the firewall chain is in place. It tells step
+// what it is doing and why.
+func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
+	step(backend.Step{What: "connecting to the Docker engine at " + d.cli.DaemonHost()})
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	_, err := d.cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the Docker engine is not reachable (%v): start it, or set DOCKER_HOST; `sandbox-mcp doctor` checks the setup", err)
+	}
+	step(backend.Step{What: "checking the image " + d.cfg.Image})
+	info, err := inspectBase(ctx, d.cli, d.cfg.Image)
 	if err != nil {
 		return err
 	}
-	d.image = img
+	agent, err := readAgent(d.cfg.AgentBinary)
+	if err != nil {
+		return err
+	}
+	plan := imagePlan{base: d.cfg.Image, baseID: info.ID, agent: agent, seed: d.cfg.Seed, uid: d.cfg.UID, gid: d.cfg.GID}
+	mountPath := ""
+	if how := d.agentMode(); how != AgentMountImage {
+		step(backend.Step{What: "installing the agent for bind mounts in " + d.cfg.AgentDir})
+		mountPath, err = installAgent(d.cfg.AgentDir, agent)
+		if err == nil {
+			step(backend.Step{What: "checking that the engine can bind-mount the agent"})
+			err = d.probeMount(ctx, info.ID, mountPath)
+		}
+		switch {
+		case err != nil && how == AgentMountBind:
+			return fmt.Errorf("--agent-mount=bind: %w", err)
+		case err != nil:
+			d.log.Warn("the engine cannot bind-mount the agent from this host: building an image with it instead", "err", err)
+			mountPath = ""
+		default:
+			plan.noAgent = true
+		}
+	}
+	img, err := runtimeImage(ctx, d.cli, plan, step)
+	if err != nil {
+		return err
+	}
+	var fw *firewall
 	if d.cfg.Egress {
-		fw, err := newFirewall()
+		step(backend.Step{What: "setting up the firewall chain for --network=allowlist"})
+		fw, err = newFirewall()
 		if err != nil {
 			return fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with nftables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN on a kernel with nftables (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
 		}
 		fw.log = d.log
+	}
+	d.mu.Lock()
+	d.image, d.agentMount = img, mountPath
+	if fw != nil {
 		d.fw = fw
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// agentMode resolves AgentMountAuto: a bind mount where the engine is on
+// this host, by its socket (a probe then checks it sees the file).
+func (d *Docker) agentMode() string {
+	switch {
+	case d.cfg.AgentDir == "":
+		return AgentMountImage
+	case d.cfg.AgentMount == AgentMountBind, d.cfg.AgentMount == AgentMountImage:
+		return d.cfg.AgentMount
+	case LocalEngine(d.cli.DaemonHost()):
+		return AgentMountAuto
+	}
+	return AgentMountImage
+}
+
+// LocalEngine reports whether an engine at host (DOCKER_HOST's form) runs
+// on this machine: a Unix socket or a Windows named pipe. A TCP or SSH
+// engine runs elsewhere, and cannot see this host's files.
+func LocalEngine(host string) bool {
+	return strings.HasPrefix(host, "unix://") || strings.HasPrefix(host, "npipe://")
+}
+
+// installAgent copies the agent into dir under its digest, read-only, once
+// per agent, and returns the copy's path: the file bind-mounted into the
+// sandboxes never changes under them, whatever is rebuilt at the agent's
+// own path meanwhile.
+//
+// Copies no server used for AgentKeep are removed (a server marks its copy
+// used at its start and at each sandbox's), so the directory holds the
+// agents of the last weeks, not of every build ever made.
+func installAgent(dir string, agent agentBinary) (string, error) {
+	sub := filepath.Join(dir, agent.digest[:32])
+	path := filepath.Join(sub, "sandbox-agent")
+	defer pruneAgents(dir, sub)
+	if data, err := os.ReadFile(path); err == nil {
+		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) == agent.digest {
+			touch(path)
+			return path, nil
+		}
+		os.Remove(path) // a torn copy: made again below
+	}
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		return "", fmt.Errorf("install the agent for bind mounts: %w", err)
+	}
+	f, err := os.CreateTemp(sub, ".agent-*")
+	if err != nil {
+		return "", fmt.Errorf("install the agent for bind mounts: %w", err)
+	}
+	_, err = f.Write(agent.data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o555)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("install the agent for bind mounts: %w", err)
+	}
+	return path, nil
+}
+
+// AgentKeep is how long a copy of the agent for bind mounts is kept after
+// a server last used it.
+const AgentKeep = 30 * 24 * time.Hour
+
+// touch marks a copy of the agent used now.
+func touch(path string) {
+	now := time.Now()
+	_ = os.Chtimes(path, now, now)
+}
+
+// pruneAgents removes the copies of the agent in dir, but keep, that no
+// server used for AgentKeep.
+func pruneAgents(dir, keep string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		sub := filepath.Join(dir, e.Name())
+		if !e.IsDir() || sub == keep {
+			continue
+		}
+		st, err := os.Stat(filepath.Join(sub, "sandbox-agent"))
+		if err != nil {
+			// Another server may be installing it: judge by the
+			// directory's own time.
+			st, err = e.Info()
+		}
+		if err != nil || time.Since(st.ModTime()) < AgentKeep {
+			continue
+		}
+		os.RemoveAll(sub)
+	}
+}
+
+// probeMount creates (and removes, never starting it) a container that
+// bind-mounts the agent at path: the engine checks the source exists on
+// its side when it creates one, so an engine that does not share this
+// host's files (one in a VM, or the server in a container of its own) says
+// so here rather than at a sandbox's start.
+func (d *Docker) probeMount(ctx context.Context, image, path string) error {
+	l := d.labels("agent-probe")
+	cctx, stop := d.creating(ctx)
+	created, err := d.cli.ContainerCreate(cctx, client.ContainerCreateOptions{
+		Config: &container.Config{Image: image, Entrypoint: []string{AgentPath}, Labels: l},
+		HostConfig: &container.HostConfig{
+			NetworkMode: "none",
+			LogConfig:   container.LogConfig{Type: "none"},
+			Mounts:      agentMounts(path),
+		},
+	})
+	stop()
+	if err != nil {
+		return fmt.Errorf("a container bind-mounting %s could not be created: %w", path, err)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := removeContainer(rctx, d.cli, created.ID); err != nil {
+		d.log.Warn("remove the agent probe container", "container", created.ID, "err", err)
 	}
 	return nil
 }
 
 // RuntimeImage returns the tag of the image sandboxes run (after Prepare).
-func (d *Docker) RuntimeImage() string { return d.image }
+func (d *Docker) RuntimeImage() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.image
+}
+
+// AgentMountPath returns the host path of the agent bind-mounted into the
+// sandboxes, or "" when the runtime image holds it (after Prepare).
+func (d *Docker) AgentMountPath() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.agentMount
+}
+
+// Toolbox reads the image's toolbox manifest (the LabelToolbox label of
+// --image) with one inspect cut at 2 s, apart from Prepare, so that the
+// server's instructions can say what the image has before its sandboxes are
+// prepared; "" when the image has none or the engine does not answer in time.
+func (d *Docker) Toolbox(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := d.cli.ImageInspect(ctx, d.cfg.Image)
+	if err != nil || info.Config == nil {
+		return ""
+	}
+	return info.Config.Labels[LabelToolbox]
+}
 
 // Instance returns the server instance id used in labels.
 func (d *Docker) Instance() string { return d.cfg.Instance }
@@ -270,9 +504,16 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
 	}
 	l := spec.Limits
+	d.mu.Lock()
+	img, agentMount := d.image, d.agentMount
+	d.mu.Unlock()
+	if agentMount != "" {
+		touch(agentMount) // in use: not pruned by another server's start
+	}
 	opts := ContainerSpec(ContainerParams{
 		Name:              name,
-		Image:             d.image,
+		Image:             img,
+		AgentMount:        agentMount,
 		Labels:            d.labels(spec.Sandbox),
 		UID:               spec.UID,
 		GID:               spec.GID,

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -140,5 +142,49 @@ func TestStartCutAfterGrace(t *testing.T) {
 				t.Fatalf("Close left behind: %s", strings.Join(left, "; "))
 			}
 		})
+	}
+}
+
+// TestInstallAgent: the agent is copied under its digest, read-only; a
+// torn copy is made again; copies unused for AgentKeep go, recent ones and
+// the one installed stay.
+func TestInstallAgent(t *testing.T) {
+	dir := t.TempDir()
+	a := agentBinary{data: []byte("\x7fELF agent one"), digest: strings.Repeat("a", 64)}
+	path, err := installAgent(dir, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o555 || !strings.HasPrefix(path, filepath.Join(dir, strings.Repeat("a", 32))) {
+		t.Fatalf("installed %s: %v %v", path, st, err)
+	}
+	old, recent := filepath.Join(dir, "old"), filepath.Join(dir, "recent")
+	for _, d := range []string{old, recent} {
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "sandbox-agent"), []byte("x"), 0o555)
+	}
+	long := time.Now().Add(-AgentKeep - time.Hour)
+	os.Chtimes(filepath.Join(old, "sandbox-agent"), long, long)
+	os.Chtimes(path, long, long) // in use again now: installAgent touches it
+	if _, err := installAgent(dir, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("a copy unused for %s was kept", AgentKeep)
+	}
+	if _, err := os.Stat(recent); err != nil {
+		t.Errorf("a recent copy was removed: %v", err)
+	}
+	if st, err := os.Stat(path); err != nil || time.Since(st.ModTime()) > time.Minute {
+		t.Errorf("the installed copy was not marked used: %v %v", st, err)
+	}
+	// Another agent's content under the same name is replaced.
+	os.Chmod(path, 0o644)
+	os.WriteFile(path, []byte("torn"), 0o644)
+	if _, err := installAgent(dir, a); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != string(a.data) {
+		t.Errorf("a torn copy was kept: %q", b)
 	}
 }

@@ -37,9 +37,21 @@ func HardeningProblems(c container.InspectResponse, uid, gid int) []string {
 	slices.Sort(added)
 	check(slices.Equal(added, []string{"SETGID", "SETUID"}), "CapAdd is %v, want exactly SETUID and SETGID", h.CapAdd)
 	check(!h.Privileged, "the container is privileged")
-	check(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(h.VolumesFrom) == 0, "the container has host mounts")
+	// The host paths a sandbox may have, each bind-mounted read-only: the
+	// agent's file where the image would hold it, and an empty file over
+	// /etc/resolv.conf (lookups fail at once; the proxy resolves names).
+	allowed := func(typ, source, target string, readOnly bool) bool {
+		return typ == "bind" && readOnly && (target == AgentPath || source == ResolvConf && target == "/etc/resolv.conf")
+	}
+	targets := map[string]bool{}
+	for _, m := range h.Mounts {
+		check(allowed(string(m.Type), m.Source, m.Target, m.ReadOnly) && !targets[m.Target], "the container has host mounts")
+		targets[m.Target] = true
+	}
+	check(len(h.Binds) == 0 && len(h.VolumesFrom) == 0, "the container has host mounts")
 	for _, m := range c.Mounts {
-		check(m.Type == "tmpfs", "mount %s is %s, want tmpfs only", m.Destination, m.Type)
+		check(m.Type == "tmpfs" || allowed(string(m.Type), m.Source, m.Destination, !m.RW),
+			"mount %s is %s, want tmpfs only (and, read-only, the agent's file and %s over /etc/resolv.conf)", m.Destination, m.Type, ResolvConf)
 		check(!strings.Contains(m.Source, "docker.sock"), "the Docker socket is mounted")
 	}
 	check(!h.PidMode.IsHost() && !h.IpcMode.IsHost() && !h.UTSMode.IsHost() && !h.UsernsMode.IsHost() && !h.NetworkMode.IsHost(),

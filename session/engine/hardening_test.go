@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 )
 
 // TestHardeningProblems: a container made from ContainerSpec passes, and each
@@ -16,6 +18,15 @@ func TestHardeningProblems(t *testing.T) {
 	}
 	if p := HardeningProblems(good(), 1000, 1000); len(p) != 0 {
 		t.Fatalf("the spec's own container: %v", p)
+	}
+	// With the agent bind-mounted, as the engine reports it.
+	bound := testParams()
+	bound.AgentMount = "/var/lib/sandbox-mcp/agents/0123/sandbox-agent"
+	o := ContainerSpec(bound)
+	withAgent := container.InspectResponse{Config: o.Config, HostConfig: o.HostConfig,
+		Mounts: []container.MountPoint{{Type: "bind", Source: bound.AgentMount, Destination: AgentPath, RW: false}}}
+	if p := HardeningProblems(withAgent, 1000, 1000); len(p) != 0 {
+		t.Fatalf("the spec's own container with the agent bind-mounted: %v", p)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -31,6 +42,26 @@ func TestHardeningProblems(t *testing.T) {
 		{"a missing capability", func(c *container.InspectResponse) { c.HostConfig.CapAdd = []string{"SETUID"} }, "CapAdd"},
 		{"privileged", func(c *container.InspectResponse) { c.HostConfig.Privileged = true }, "privileged"},
 		{"bind", func(c *container.InspectResponse) { c.HostConfig.Binds = []string{"/:/host"} }, "host mounts"},
+		{"a mount beside the agent's", func(c *container.InspectResponse) {
+			c.HostConfig.Mounts = append(agentMounts("/agent"), mount.Mount{Type: mount.TypeBind, Source: "/", Target: "/host"})
+		}, "host mounts"},
+		{"the agent writable", func(c *container.InspectResponse) {
+			c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeBind, Source: "/agent", Target: AgentPath}}
+		}, "host mounts"},
+		{"a bind mount seen by the engine", func(c *container.InspectResponse) {
+			c.Mounts = []container.MountPoint{{Type: "bind", Source: "/", Destination: "/host", RW: true}}
+		}, "want tmpfs only"},
+		{"another mount", func(c *container.InspectResponse) {
+			c.HostConfig.Mounts = append(slices.Clone(c.HostConfig.Mounts), mount.Mount{Type: mount.TypeBind, Source: "/", Target: "/host"})
+		}, "host mounts"},
+		{"a writable resolv.conf", func(c *container.InspectResponse) {
+			m := slices.Clone(c.HostConfig.Mounts)
+			m[0].ReadOnly = false
+			c.HostConfig.Mounts = m
+		}, "host mounts"},
+		{"an engine bind", func(c *container.InspectResponse) {
+			c.Mounts = []container.MountPoint{{Type: "bind", Source: "/etc", Destination: "/etc/resolv.conf"}}
+		}, "want tmpfs only"},
 		{"host pid", func(c *container.InspectResponse) { c.HostConfig.PidMode = "host" }, "namespace"},
 		{"swap", func(c *container.InspectResponse) { c.HostConfig.MemorySwap = -1 }, "swap"},
 		{"no cpus", func(c *container.InspectResponse) { c.HostConfig.NanoCPUs = 0 }, "CPU"},

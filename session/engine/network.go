@@ -134,7 +134,7 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(n.gateway, 0).String())
 	if err != nil {
 		if errors.Is(err, syscall.EADDRNOTAVAIL) {
-			return n, errcode.Errorf(errcode.Unavailable, "the egress proxy cannot listen on the sandbox network's gateway %s: this server does not share the host's network namespace. When sandbox-mcp runs in a container, run that container with --network host (see the README); or use --network=none", n.gateway)
+			return n, errcode.Errorf(errcode.Unavailable, "the egress proxy cannot listen on the sandbox network's gateway %s: this server does not share the host's network namespace. When sandbox-mcp runs in a container, run that container with --network host (see docs/network.md); or use --network=none", n.gateway)
 		}
 		return n, fmt.Errorf("listen on the sandbox network's gateway %s: %w", n.gateway, err)
 	}

@@ -51,7 +51,10 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 }
 
 // Prepare checks the namespace, writes the lease and the NetworkPolicies.
-func (b *Backend) Prepare(ctx context.Context) error { return b.cfg.Cluster.Prepare(ctx) }
+func (b *Backend) Prepare(ctx context.Context, step func(backend.Step)) error {
+	step(backend.Step{What: "checking the namespace " + b.cfg.Cluster.Namespace() + " and writing this server's lease and network policies"})
+	return b.cfg.Cluster.Prepare(ctx)
+}
 
 // Sweep deletes the pods of servers whose lease expired, and ended pods.
 func (b *Backend) Sweep(ctx context.Context) error {

@@ -164,6 +164,13 @@ func Pod(p Params) *corev1.Pod {
 			EnableServiceLinks:            &no,
 			TerminationGracePeriodSeconds: &grace,
 			Hostname:                      "sandbox",
+			// No cluster DNS: the egress proxy resolves what it tunnels
+			// to, and the NetworkPolicies drop packets to the cluster's
+			// resolver, so each lookup would wait out the C library's
+			// timeouts (10-20 s). Loopback, where nothing listens, refuses
+			// every query at once (see engine.ResolvConf).
+			DNSPolicy: corev1.DNSNone,
+			DNSConfig: &corev1.PodDNSConfig{Nameservers: []string{"127.0.0.1"}},
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsUser:      &uid,
 				RunAsGroup:     &gid,

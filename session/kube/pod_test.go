@@ -120,6 +120,9 @@ func TestPodFields(t *testing.T) {
 	if got := sb.Resources.Limits.StorageEphemeral().Value(); got != DefaultEphemeralBytes {
 		t.Errorf("ephemeral limit %d", got)
 	}
+	if dns := pod.Spec.DNSConfig; pod.Spec.DNSPolicy != corev1.DNSNone || dns == nil || !slices.Equal(dns.Nameservers, []string{"127.0.0.1"}) || len(dns.Searches) != 0 {
+		t.Errorf("dns policy %s config %+v: want no cluster DNS, loopback only (lookups refused at once)", pod.Spec.DNSPolicy, dns)
+	}
 	want := []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: "HTTP_PROXY", Value: "http://sbx:t@10.0.0.1:3128"}, {Name: "EMPTY"}}
 	if !slices.Equal(sb.Env, want) {
 		t.Errorf("env %+v", sb.Env)

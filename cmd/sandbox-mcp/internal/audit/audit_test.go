@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
-	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
 func TestAuditLogLines(t *testing.T) {
@@ -40,7 +39,7 @@ func TestAuditLogLines(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				exit := i
-				a.Record(tools.Record{Time: time.Now(), Caller: "caller-a", Tool: tools.NameExec, Args: []byte(`{"argv":["true"]}`), Decision: "allow", Reason: pad, ExitCode: &exit, Bytes: int64(w)})
+				a.Record(ToolRecord{Time: time.Now(), Caller: "caller-a", Tool: "sandbox_exec", Args: []byte(`{"argv":["true"]}`), Decision: "allow", Reason: pad, ExitCode: &exit, Bytes: int64(w)})
 			}
 		})
 	}
@@ -148,7 +147,7 @@ func TestAuditDigestIsKeyed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log.Record(tools.Record{Time: time.Now(), Tool: tools.NameExec, Args: args, Decision: "allow"})
+	log.Record(ToolRecord{Time: time.Now(), Tool: "sandbox_exec", Args: args, Decision: "allow"})
 	log.Close()
 	raw, _ := os.ReadFile(path)
 	if !strings.Contains(string(raw), `"arg_digest":"`+d+`"`) || strings.Contains(string(raw), "hunter2") {

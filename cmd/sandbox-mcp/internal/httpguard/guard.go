@@ -3,10 +3,13 @@
 // network.
 //
 // A request to /mcp passes, in order: the Host allowlist (403), the Origin
-// allowlist (403), the bearer token (401), then, for a request that may open
-// a session, the session caps (503 for --max-sessions, 429 for
-// --max-sessions-per-caller), and for a DELETE, the removal of the session's
-// sandbox, before the go-sdk's handler sees it. Inside the SDK, a caller's
+// allowlist (403), the bearer token (401), a session id this process holds
+// (404, the body unread), for a POST the admission of its body into the
+// server's in-flight memory budget before it is read (413, 429, 503; see
+// body.go), then, for a request that may open a session, the session caps
+// (503 for --max-sessions, 429 for --max-sessions-per-caller), and for a
+// DELETE, the removal of the session's sandbox, before the go-sdk's handler
+// sees it. Inside the SDK, a caller's
 // tool calls and resource reads in flight are capped
 // (--max-calls-per-caller), and the calls a POST carried end when its
 // client drops it (see abandon.go). /healthz answers probes without any of
@@ -78,8 +81,20 @@ type Options struct {
 	// IdleTimeout ends a session idle that long; 0 means never. It is
 	// passed to the SDK and named in refusals.
 	IdleTimeout time.Duration
+	// ReserveBody, if set, admits a POST body of n bytes of caller into
+	// the server's in-flight memory budget, the one tool calls use, before
+	// any byte of it is read (see body.go). Nil admits every body.
+	ReserveBody func(ctx context.Context, caller string, n int64, wait time.Duration) (BodyHold, error)
 	// Logger gets a line per refused request. Nil discards them.
 	Logger *slog.Logger
+}
+
+// BodyHold is the part of the memory budget a request body holds.
+type BodyHold interface {
+	// Resize makes the hold n bytes, taking more only if it fits now.
+	Resize(n int64) error
+	// Release gives the hold back.
+	Release()
 }
 
 // Sessions ends an HTTP session's sandbox on DELETE (tools.Sessions is
@@ -118,6 +133,7 @@ type Guard struct {
 	tokens  []credential    // none: no authentication (loopback only)
 	maxBody int64
 	idle    time.Duration // --idle-timeout, for messages
+	reserve func(ctx context.Context, caller string, n int64, wait time.Duration) (BodyHold, error)
 
 	sessions Sessions
 	server   *mcp.Server // its sessions are the ones this process holds
@@ -141,6 +157,7 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 		origins:  map[string]bool{},
 		maxBody:  o.MaxRequestBytes,
 		idle:     o.IdleTimeout,
+		reserve:  o.ReserveBody,
 		sessions: sessions,
 		server:   server,
 		quota:    newSessionQuota(server, o.MaxSessions, o.SessionsPerCaller),
@@ -273,6 +290,28 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		caller = ti.UserID
 	}
 	id := r.Header.Get("Mcp-Session-Id")
+	if (r.Method == http.MethodPost || r.Method == http.MethodGet) && id != "" && !g.holds(id) {
+		// A session this process does not hold: made by a server
+		// (replica) that is gone or restarted, or by another replica
+		// the request was routed away from, or made up. 404 makes
+		// clients start a new session (the MCP rule for an ended
+		// session); the body says what happened and what survives. The
+		// request's body is not read: it is refused before it costs
+		// anything (so the error cannot name the request's id).
+		g.refuse(w, r, http.StatusNotFound, "UNAVAILABLE: this server does not hold that MCP session: "+
+			"the server or replica that made it has restarted or is gone, and the session's sandbox with it "+
+			"(or a load balancer sent the request to another replica: route each session to one replica). "+
+			"Start a new session (initialize again); snapshots you made are kept, and sandbox_restore brings one back")
+		return
+	}
+	if r.Method == http.MethodPost {
+		admitted, release, ok := g.admitBody(w, r, caller)
+		if !ok {
+			return
+		}
+		defer release()
+		r = admitted
+	}
 	switch {
 	case r.Method == http.MethodDelete && id != "":
 		// The SDK's DELETE waits for the session's calls to return:
@@ -281,18 +320,6 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if g.sessions.End(id, caller) {
 			g.log.Info("session deleted: its sandbox was removed", "session", id)
 		}
-	case (r.Method == http.MethodPost || r.Method == http.MethodGet) && id != "" && !g.holds(id):
-		// A session this process does not hold: made by a server
-		// (replica) that is gone or restarted, or by another replica
-		// the request was routed away from. 404 makes clients start a
-		// new session (the MCP rule for an ended session); the body
-		// answers the call with what happened and what survives.
-		g.refuseCall(w, r, http.StatusNotFound, "UNAVAILABLE: this server does not hold that MCP session: "+
-			"the server or replica that made it has restarted or is gone, and the session's sandbox with it "+
-			"(or a load balancer sent the request to another replica: route each session to one replica). "+
-			"Start a new session (initialize again); snapshots you made are kept, and sandbox_restore brings one back",
-			requestID(r, g.maxBody))
-		return
 	case r.Method == http.MethodPost && id == "":
 		// The one request from which the SDK makes a session (it looks
 		// the header up the same way), whatever its body holds.
@@ -343,20 +370,12 @@ func (g *Guard) originAllowed(values []string, host string) bool {
 // (no id: the request was not read) that says what to do, and logs it
 // without any header value but the remote address.
 func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	g.refuseCall(w, r, status, msg, nil)
-}
-
-// refuseCall is refuse answering the JSON-RPC request with this id (nil:
-// null), so that a client matches the error to its call and shows it.
-func (g *Guard) refuseCall(w http.ResponseWriter, r *http.Request, status int, msg string, id json.RawMessage) {
 	g.log.Info("http request refused", "status", status, "method", r.Method, "remote", r.RemoteAddr, "reason", msg)
 	type rpcError struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}
-	if id == nil {
-		id = json.RawMessage("null")
-	}
+	id := json.RawMessage("null")
 	body, err := json.Marshal(struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
@@ -370,31 +389,6 @@ func (g *Guard) refuseCall(w http.ResponseWriter, r *http.Request, status int, m
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	w.Write(append(body, '\n'))
-}
-
-// requestID returns the id of the single JSON-RPC request in r's body (read
-// up to limit bytes), or nil when there is none: a notification, a batch,
-// a GET, a body that does not parse. Only a JSON number or string comes
-// back, ready to be echoed.
-func requestID(r *http.Request, limit int64) json.RawMessage {
-	if r.Method != http.MethodPost || r.Body == nil {
-		return nil
-	}
-	var req struct {
-		ID json.RawMessage `json:"id"`
-	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, limit)).Decode(&req); err != nil || len(req.ID) == 0 {
-		return nil
-	}
-	var v any
-	if json.Unmarshal(req.ID, &v) != nil {
-		return nil
-	}
-	switch v.(type) {
-	case float64, string:
-		return req.ID
-	}
-	return nil
 }
 
 // holds reports whether the MCP session id is one this process serves.

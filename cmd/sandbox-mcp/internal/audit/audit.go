@@ -22,11 +22,10 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
-	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
 // Log appends one JSON object per line to a file: a record per tool
-// call (see tools.Record) and whatever else the server decides to audit, such as
+// call (see ToolRecord) and whatever else the server decides to audit, such as
 // the egress proxy's decisions. It is safe for concurrent use; each record
 // is one write of one line, so lines never interleave.
 //
@@ -37,6 +36,10 @@ type Log struct {
 	path string
 	key  []byte
 	log  *slog.Logger
+
+	// now and pid are time.Now and os.Getpid but in tests.
+	now func() time.Time
+	pid int
 
 	mu sync.Mutex
 	f  *os.File
@@ -72,7 +75,7 @@ func Open(path string, key []byte, log *slog.Logger) (*Log, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Log{path: path, key: key, log: log, f: f}, nil
+	return &Log{path: path, key: key, log: log, now: time.Now, pid: os.Getpid(), f: f}, nil
 }
 
 // Path returns the file the log appends to.
@@ -96,18 +99,36 @@ func (a *Log) Write(v any) error {
 	return nil
 }
 
+// ToolRecord is the audit record of one tool call. Its JSON form is the
+// line --audit-log holds (see testdata/lines.golden): the audit log owns
+// it, and main fills it from what the tools report.
+type ToolRecord struct {
+	Kind      string    `json:"kind"` // KindTool; Record sets it
+	Time      time.Time `json:"time"`
+	Caller    string    `json:"caller,omitempty"`
+	Session   string    `json:"session,omitempty"`
+	Sandbox   string    `json:"sandbox,omitempty"`
+	Tool      string    `json:"tool"`
+	ArgDigest string    `json:"arg_digest"`
+	// Args are the call's arguments as received; only their keyed digest
+	// (Log.Digest) is written, as arg_digest.
+	Args     json.RawMessage `json:"-"`
+	Decision string          `json:"decision"` // allow or deny
+	Reason   string          `json:"reason,omitempty"`
+	ExitCode *int            `json:"exit_code,omitempty"`
+	Bytes    int64           `json:"bytes"`
+	Duration float64         `json:"duration_ms"`
+}
+
 // Record appends a tool call record, tagged "kind": "tool_call", with the
-// digest of r.Args as its arg_digest. It fits tools.Deps.Audit; a failed write is
+// digest of r.Args as its arg_digest unless r has one. A failed write is
 // logged, and the call goes on.
-func (a *Log) Record(r tools.Record) {
+func (a *Log) Record(r ToolRecord) {
+	r.Kind = KindTool
 	if r.ArgDigest == "" {
 		r.ArgDigest = a.Digest(r.Args)
 	}
-	line := struct {
-		Kind string `json:"kind"`
-		tools.Record
-	}{KindTool, r}
-	if err := a.Write(line); err != nil {
+	if err := a.Write(r); err != nil {
 		a.log.Error("audit log write failed", "err", err)
 	}
 }
@@ -155,7 +176,7 @@ type ProxyRecord struct {
 // how many requests the record stands for. A failed write is logged.
 func (a *Log) Proxy(d netproxy.Decision) {
 	r := ProxyRecord{
-		Kind: KindProxy, Time: time.Now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
+		Kind: KindProxy, Time: a.now().UTC(), Sandbox: d.Sandbox, Host: d.Host, Normalized: d.Normalized,
 		Port: d.Port, Decision: "deny", Reason: d.Reason, Rule: d.Rule, Status: d.Status,
 		Duration: float64(d.Duration.Microseconds()) / 1000, Count: d.Count, Summary: d.Summary,
 	}
@@ -194,7 +215,7 @@ type SecretRecord struct {
 
 // SecretUse appends the record of a secret's use. A failed write is logged.
 func (a *Log) SecretUse(u netproxy.SecretUse) {
-	r := SecretRecord{Kind: KindSecret, Time: time.Now().UTC(), Sandbox: u.Sandbox, Secret: u.Name, Host: u.Host, Port: u.Port,
+	r := SecretRecord{Kind: KindSecret, Time: a.now().UTC(), Sandbox: u.Sandbox, Secret: u.Name, Host: u.Host, Port: u.Port,
 		Event: "secret " + u.Name + " used for " + u.Host}
 	if err := a.Write(r); err != nil {
 		a.log.Error("audit log write failed", "err", err)
@@ -340,7 +361,7 @@ type ServerRecord struct {
 // Server appends the record of the server starting or stopping; a failed
 // write is logged.
 func (a *Log) Server(event, reason string) {
-	if err := a.Write(ServerRecord{Kind: KindServer, Time: time.Now().UTC(), Event: event, Reason: reason, PID: os.Getpid()}); err != nil {
+	if err := a.Write(ServerRecord{Kind: KindServer, Time: a.now().UTC(), Event: event, Reason: reason, PID: a.pid}); err != nil {
 		a.log.Error("audit log write failed", "err", err)
 	}
 }
