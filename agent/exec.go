@@ -111,7 +111,7 @@ func (s *server) resolve(name, cwd string) (string, error) {
 		}
 		candidates = []string{path.Clean(p)}
 	} else {
-		for _, d := range s.path {
+		for _, d := range s.searchPath() {
 			candidates = append(candidates, path.Join(d, name))
 		}
 	}
@@ -127,7 +127,7 @@ func (s *server) resolve(name, cwd string) (string, error) {
 		return path.Join(dir, path.Base(c)), nil
 	}
 	return "", errcode.Errorf(errcode.NotFound,
-		"program %q was not found on the sandbox's PATH (%s); check the name, or give a path", name, strings.Join(s.path, ":"))
+		"program %q was not found on the sandbox's PATH (%s); check the name, or give a path", name, strings.Join(s.searchPath(), ":"))
 }
 
 // maxExecStdin bounds the stdin an exec request carries in its data frames.
@@ -189,7 +189,7 @@ func (s *server) prepare(c *call, req agentproto.ExecRequest) (*launch, error) {
 	if len(req.Argv) == 0 {
 		return nil, errcode.Errorf(errcode.InvalidArgument, "argv is empty")
 	}
-	l := &launch{prog: req.Path, label: jobLabel(req.Label), env: execEnv(s.opts.Env, req.Env, s.opts.Workspace, req.Cwd)}
+	l := &launch{prog: req.Path, label: jobLabel(req.Label), env: execEnv(s.baseEnv(), req.Env, s.opts.Workspace, req.Cwd)}
 	if l.prog == "" {
 		p, err := s.resolve(req.Argv[0], req.Cwd)
 		if err != nil {

@@ -49,8 +49,13 @@ type server struct {
 	opts   Options
 	ws     *workspace.Workspace
 	log    *slog.Logger
-	path   []string
 	groups *groupPool
+
+	// envMu guards env and path: the base environment of every command
+	// and the program search path, which a setup request may extend.
+	envMu sync.RWMutex
+	env   []string
+	path  []string
 
 	wmu sync.Mutex
 	w   *agentproto.Writer
@@ -118,6 +123,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		opts:   opts,
 		ws:     ws,
 		log:    log,
+		env:    opts.Env,
 		path:   cleanSearchPath(opts.Path, opts.Workspace),
 		groups: groups,
 		w:      agentproto.NewWriter(out),

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
@@ -36,7 +37,67 @@ const (
 // server sent. It checks that what it got is certificates only, never a
 // key. The file and its directory end up read-only (0444 and 0555).
 func (s *server) setup(req agentproto.SetupRequest) (agentproto.SetupResult, error) {
-	return writeBundle(req, agentproto.CABundlePath, systemRoots)
+	if err := checkSetupEnv(req.Env); err != nil {
+		return agentproto.SetupResult{}, err
+	}
+	res, err := writeBundle(req, agentproto.CABundlePath, systemRoots)
+	if err != nil {
+		return res, err
+	}
+	if len(req.Env) > 0 {
+		s.envMu.Lock()
+		s.env = append(slices.Clip(s.env), req.Env...)
+		for _, kv := range req.Env {
+			if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+				s.path = cleanSearchPath(filepath.SplitList(v), s.opts.Workspace)
+			}
+		}
+		s.envMu.Unlock()
+		res.Env = len(req.Env)
+	}
+	return res, nil
+}
+
+// checkSetupEnv checks a setup's variables: NAME=VALUE each, a name
+// without NUL, and MaxSetupEnv bytes at most.
+func checkSetupEnv(env []string) error {
+	n := 0
+	for _, kv := range env {
+		n += len(kv)
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || strings.ContainsRune(kv, 0) {
+			return errcode.Errorf(errcode.InvalidArgument, "setup: env entry %q is not NAME=VALUE", truncateName(kv))
+		}
+	}
+	if n > agentproto.MaxSetupEnv {
+		return errcode.Errorf(errcode.InvalidArgument, "setup: %d bytes of environment, more than %d", n, agentproto.MaxSetupEnv)
+	}
+	return nil
+}
+
+// truncateName is the start of an env entry, for an error that must not
+// carry its value.
+func truncateName(kv string) string {
+	name, _, _ := strings.Cut(kv, "=")
+	if len(name) > 64 {
+		name = name[:64]
+	}
+	return name
+}
+
+// baseEnv is the base environment of every command: the agent's own,
+// then the setup's.
+func (s *server) baseEnv() []string {
+	s.envMu.RLock()
+	defer s.envMu.RUnlock()
+	return s.env
+}
+
+// searchPath is the program search path.
+func (s *server) searchPath() []string {
+	s.envMu.RLock()
+	defer s.envMu.RUnlock()
+	return s.path
 }
 
 // writeBundle is setup, writing to path with the first of roots that exists.

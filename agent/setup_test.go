@@ -61,3 +61,27 @@ func TestWriteBundle(t *testing.T) {
 		t.Errorf("no certificates: %+v %v", res, err)
 	}
 }
+
+// TestSetupEnv: a setup's variables join the base environment of every
+// command after the agent's own (so they override it), a PATH among them
+// becomes the search path, and a malformed or oversized list is refused
+// without echoing a value.
+func TestSetupEnv(t *testing.T) {
+	ws := t.TempDir()
+	s := &server{opts: Options{Workspace: ws}, env: []string{"PATH=/bin", "A=1"}, path: []string{"/bin"}}
+	res, err := s.setup(agentproto.SetupRequest{Env: []string{"A=2", "PATH=/usr/local/bin:relative:" + ws + "/bin", "TOKEN=s3cret"}})
+	if err != nil || res.Env != 3 {
+		t.Fatalf("setup: %+v %v", res, err)
+	}
+	if got := strings.Join(s.baseEnv(), " "); got != "PATH=/bin A=1 A=2 PATH=/usr/local/bin:relative:"+ws+"/bin TOKEN=s3cret" {
+		t.Errorf("base env %q", got)
+	}
+	if got := strings.Join(s.searchPath(), ":"); got != "/usr/local/bin" {
+		t.Errorf("search path %q", got)
+	}
+	for _, bad := range [][]string{{"=x"}, {"NOEQUALS"}, {"A=b\x00c"}, {"BIG=" + strings.Repeat("x", agentproto.MaxSetupEnv)}} {
+		if _, err := s.setup(agentproto.SetupRequest{Env: bad}); err == nil || strings.Contains(err.Error(), "xxxx") || strings.Contains(err.Error(), "b\x00c") {
+			t.Errorf("setup %.20q: %v", bad, err)
+		}
+	}
+}

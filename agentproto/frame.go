@@ -76,7 +76,11 @@ import (
 //     (EditRequest.Edits); a list walks breadth-first, may filter by a glob
 //     (Pattern) and leave dependency trees unentered (Prune, answered by
 //     entries with Pruned and Count). A job wait returns on a line end or a
-//     short quiet period instead of the first byte.
+//     short quiet period instead of the first byte. The setup request
+//     may carry the sandbox's environment (SetupRequest.Env, counted back
+//     in SetupResult.Env): a backend that must keep it out of its instance
+//     definition (a pod spec) sends it here; an agent without it answers
+//     0 and the server stops the start.
 const Version = 4
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and

@@ -25,8 +25,8 @@ var samples = map[string]any{
 		CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
 	},
 	"lease":         Lease{TTLMillis: 60_000},
-	"setup_request": SetupRequest{CACerts: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
-	"setup_result":  SetupResult{CABundle: CABundlePath, SystemRoots: "/etc/ssl/certs/ca-certificates.crt"},
+	"setup_request": SetupRequest{CACerts: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", Env: []string{"HTTPS_PROXY=http://sbx:TOKEN@10.0.0.1:3128"}},
+	"setup_result":  SetupResult{CABundle: CABundlePath, SystemRoots: "/etc/ssl/certs/ca-certificates.crt", Env: 1},
 	"exec_request": ExecRequest{
 		Path: "/bin/ls", Argv: []string{"ls", "-l"}, Cwd: "src", Env: []string{"A=1"},
 		TimeoutMillis: 60_000, MaxOutput: 32 << 10, Stdin: true,

@@ -41,7 +41,19 @@ type SetupRequest struct {
 	// certificates of the hosts whose requests it adds secrets to. Never a
 	// key. The agent writes the image's roots and these to CABundlePath.
 	CACerts string `json:"ca_certs"`
+	// Env holds NAME=VALUE pairs added to the base environment of every
+	// command the agent runs from now on (a later pair overrides an earlier
+	// one and the agent's own environment). A backend whose instance
+	// definition others can read (a pod spec, kept in etcd and shown by
+	// `get pods`) delivers the sandbox's environment here instead: the
+	// operator's --env values, the proxy URL with its credential, the
+	// secrets' placeholders. A PATH among them is also where programs are
+	// looked up. At most MaxSetupEnv bytes in all.
+	Env []string `json:"env,omitempty"`
 }
+
+// MaxSetupEnv bounds SetupRequest.Env: the bytes of its pairs together.
+const MaxSetupEnv = 512 << 10
 
 // SetupResult ends a setup.
 type SetupResult struct {
@@ -50,6 +62,9 @@ type SetupResult struct {
 	// SystemRoots is the image's root file the bundle starts with, "" if
 	// the image has none (the bundle then holds only CACerts).
 	SystemRoots string `json:"system_roots"`
+	// Env is the number of SetupRequest.Env pairs the agent took (an agent
+	// that predates Env answers 0, and the server refuses to go on).
+	Env int `json:"env,omitempty"`
 }
 
 // CABundlePath is where the agent writes the CA bundle: under /tmp, a

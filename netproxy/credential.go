@@ -123,8 +123,11 @@ var errNoCredential = &refusal{http.StatusProxyAuthRequired,
 // ServeShared accepts connections on l for every sandbox granted a token,
 // until ctx ends or l is closed, like Serve; each request is served as the
 // sandbox its credential names, and one without a known credential gets
-// 407. At most Config.MaxConns connections are read at once before their
-// credential is known.
+// 407. Before its credential is known a connection is charged to its
+// source address: at most Config.MaxPendingPerAddr connections per address
+// (and Config.MaxPending in all) are in that phase at once, and each has
+// Config.AuthTimeout to send its request header; so connections that one
+// pod leaves idle delay no other pod's requests.
 func (p *Proxy) ServeShared(ctx context.Context, l net.Listener) error {
 	p.mu.Lock()
 	if p.anon == nil {

@@ -80,27 +80,42 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 		ref *refusal
 	)
 	if s.shared {
-		// Who is asking is known only from the request's credential: read
-		// it under a bound of its own, then take the sandbox's slot.
-		if s.strangers.Add(1) > int64(p.cfg.MaxConns) {
-			s.strangers.Add(-1)
+		// Who is asking is known only from the request's credential. Until
+		// then the connection is charged to its source address, under a
+		// bound of its own, with a short time to send its header; every
+		// answer given in this phase is given within it too. Then it takes
+		// the sandbox's slot.
+		if !s.pending.take(d.Client, p.cfg.MaxPendingPerAddr, p.cfg.MaxPending) {
 			return
 		}
-		req, br, ref = p.readRequest(c)
-		s.strangers.Add(-1)
+		pending := true
+		defer func() {
+			if pending {
+				s.pending.done(d.Client)
+			}
+		}()
+		authTimeout := min(p.cfg.AuthTimeout, p.cfg.HeaderTimeout)
+		req, br, ref = p.readRequest(c, authTimeout)
 		if req == nil && ref == nil {
 			return
 		}
-		if ref == nil {
-			if owner := p.byCredential(req.header); owner != nil {
-				sb = owner
-				d.Sandbox = sb.id
-			} else {
+		if ref != nil {
+			if req != nil {
 				d.Host = truncate(req.target, maxLoggedHost)
-				p.refuse(c, &d, sb, errNoCredential, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
-				return
 			}
+			p.refuseWithin(c, &d, sb, ref, authTimeout)
+			return
 		}
+		owner := p.byCredential(req.header)
+		if owner == nil {
+			d.Host = truncate(req.target, maxLoggedHost)
+			p.refuseWithin(c, &d, sb, errNoCredential, authTimeout, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
+			return
+		}
+		sb = owner
+		d.Sandbox = sb.id
+		s.pending.done(d.Client)
+		pending = false
 		if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
 			p.refuse(c, &d, sb, tooMany, "Retry-After", "1")
 			return
@@ -112,7 +127,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 			return
 		}
 		defer sb.release(&sb.conns)
-		req, br, ref = p.readRequest(c)
+		req, br, ref = p.readRequest(c, p.cfg.HeaderTimeout)
 		if req == nil && ref == nil {
 			return // the client closed without sending anything, or Serve is ending
 		}
@@ -229,15 +244,15 @@ type request struct {
 	header                textproto.MIMEHeader
 }
 
-// readRequest reads one request header within HeaderTimeout and
+// readRequest reads one request header within timeout and
 // MaxHeaderBytes. It returns (nil, nil, nil) if there is nothing to answer.
 //
 // It parses the request line itself, rather than with http.ReadRequest,
 // so that the target reaches parseTarget exactly as sent: net/http turns
 // "a:443@b:443" into host "b:443", and fails on other shapes with errors
 // that do not say what to send instead.
-func (p *Proxy) readRequest(c net.Conn) (*request, *bufio.Reader, *refusal) {
-	c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+func (p *Proxy) readRequest(c net.Conn, timeout time.Duration) (*request, *bufio.Reader, *refusal) {
+	c.SetReadDeadline(time.Now().Add(timeout))
 	lr := &limitReader{r: c, n: int64(p.cfg.MaxHeaderBytes) + readBufSize}
 	br := bufio.NewReaderSize(lr, readBufSize)
 	tp := textproto.NewReader(br)
@@ -250,7 +265,7 @@ func (p *Proxy) readRequest(c net.Conn) (*request, *bufio.Reader, *refusal) {
 			return tooLarge
 		case errors.As(err, &ne) && ne.Timeout():
 			return &refusal{http.StatusRequestTimeout, fmt.Sprintf(
-				"the request header did not arrive within %v; send the whole request at once", p.cfg.HeaderTimeout)}
+				"the request header did not arrive within %v; send the whole request at once", timeout)}
 		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 			return &refusal{http.StatusBadRequest, "the request header ended early; send a complete request"}
 		default:
@@ -463,16 +478,21 @@ func innermost(err error) string {
 // refuse records the decision (aggregated with the sandbox's other
 // refusals) and sends the refusal, then closes gracefully.
 func (p *Proxy) refuse(c net.Conn, d *Decision, sb *sandboxState, ref *refusal, extra ...string) {
+	p.refuseWithin(c, d, sb, ref, p.cfg.HeaderTimeout, extra...)
+}
+
+// refuseWithin is refuse, with the answer's write bounded by timeout.
+func (p *Proxy) refuseWithin(c net.Conn, d *Decision, sb *sandboxState, ref *refusal, timeout time.Duration, extra ...string) {
 	d.Status, d.Reason = ref.status, ref.reason
 	p.recordRefusal(sb, d)
-	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+	c.SetWriteDeadline(time.Now().Add(timeout))
 	if writeRefusal(c, ref.status, ref.reason, extra...) != nil {
 		return
 	}
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
-	c.SetReadDeadline(time.Now().Add(min(lingerTimeout, p.cfg.HeaderTimeout)))
+	c.SetReadDeadline(time.Now().Add(min(lingerTimeout, timeout)))
 	io.CopyN(io.Discard, c, maxLingerBytes)
 }
 

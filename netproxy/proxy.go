@@ -28,6 +28,13 @@ const (
 	DefaultRate           = rate.Limit(20)
 	DefaultBurst          = 40
 	DefaultMaxHeaderBytes = 8 << 10
+
+	// The shared listener's unauthenticated phase (ServeShared): the time a
+	// connection has to send its credential, and how many connections may
+	// be in that phase at once, per source address and in all.
+	DefaultAuthTimeout       = 3 * time.Second
+	DefaultMaxPendingPerAddr = 16
+	DefaultMaxPending        = 1024
 )
 
 // Resolver looks up host names. *net.Resolver satisfies it. It must return
@@ -138,6 +145,21 @@ type Config struct {
 	// DefaultRate (20/s) and DefaultBurst (40); rate.Inf disables the limit.
 	Rate  rate.Limit
 	Burst int
+	// AuthTimeout bounds a shared listener's unauthenticated phase
+	// (ServeShared): a connection's whole request header, which carries
+	// its credential, must arrive within it, or it gets 408 and is closed.
+	// Zero means DefaultAuthTimeout (3s); HeaderTimeout still applies when
+	// it is shorter.
+	AuthTimeout time.Duration
+	// MaxPendingPerAddr caps the connections one source address may have
+	// in a shared listener's unauthenticated phase (accepted, credential
+	// not read yet, or being refused for the lack of one); a further
+	// connection from that address is closed unanswered. MaxPending caps
+	// them for every address together, a bound on the memory they hold.
+	// A source that fills its share affects no other source. Zero means
+	// DefaultMaxPendingPerAddr (16) and DefaultMaxPending (1024).
+	MaxPendingPerAddr int
+	MaxPending        int
 	// MaxHeaderBytes caps the request line plus headers; larger requests
 	// get 431. Zero means DefaultMaxHeaderBytes (8 KiB). It bounds each
 	// request's header on an intercepted tunnel too.
@@ -174,6 +196,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		{"IdleTimeout", &cfg.IdleTimeout, DefaultIdleTimeout},
 		{"MaxLifetime", &cfg.MaxLifetime, DefaultMaxLifetime},
 		{"RefusalInterval", &cfg.RefusalInterval, DefaultRefusalInterval},
+		{"AuthTimeout", &cfg.AuthTimeout, DefaultAuthTimeout},
 	}
 	for _, d := range durations {
 		if *d.v < 0 {
@@ -193,6 +216,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		{"Burst", &cfg.Burst, DefaultBurst},
 		{"MaxHeaderBytes", &cfg.MaxHeaderBytes, DefaultMaxHeaderBytes},
 		{"MaxRefusalKinds", &cfg.MaxRefusalKinds, DefaultMaxRefusalKinds},
+		{"MaxPendingPerAddr", &cfg.MaxPendingPerAddr, DefaultMaxPendingPerAddr},
+		{"MaxPending", &cfg.MaxPending, DefaultMaxPending},
 	}
 	for _, d := range ints {
 		if *d.v < 0 {
@@ -383,6 +408,41 @@ type served struct {
 	shared    bool          // the sandbox comes from each request's credential
 	clients   []netip.Addr  // unmapped, no zone; empty: any
 	strangers atomic.Int64
+	pending   pendingSet // shared: connections whose credential is not known yet
+}
+
+// pendingSet counts a shared listener's connections in their
+// unauthenticated phase, per source address and in all.
+type pendingSet struct {
+	mu     sync.Mutex
+	byAddr map[netip.Addr]int
+	total  int
+}
+
+// take counts one more connection from addr, unless addr already has
+// perAddr of them or all addresses together have total.
+func (s *pendingSet) take(addr netip.Addr, perAddr, total int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.total >= total || s.byAddr[addr] >= perAddr {
+		return false
+	}
+	if s.byAddr == nil {
+		s.byAddr = map[netip.Addr]int{}
+	}
+	s.byAddr[addr]++
+	s.total++
+	return true
+}
+
+// done undoes one take.
+func (s *pendingSet) done(addr netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total--
+	if s.byAddr[addr]--; s.byAddr[addr] <= 0 {
+		delete(s.byAddr, addr)
+	}
 }
 
 // admits reports whether a connection from addr is served.

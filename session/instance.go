@@ -80,7 +80,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, box.StderrTail())
 	}
 	inst.conn = c
-	if err := m.setupSandbox(ctx, c); err != nil {
+	if err := m.setupSandbox(ctx, c, box); err != nil {
 		return inst, err
 	}
 	if m.opts.Policy.NeedsResolve() {

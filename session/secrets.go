@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
 // CABundleVars are the variables that point the usual clients at the CA
@@ -28,18 +30,23 @@ func (m *Manager) secretEnv(sandbox string) []string {
 	return env
 }
 
-// setupSandbox has the agent write the CA bundle before any command runs,
-// when the proxy holds secrets.
-func (m *Manager) setupSandbox(ctx context.Context, c *conn) error {
-	if m.proxy == nil {
-		return nil
+// setupSandbox has the agent write the CA bundle, when the proxy holds
+// secrets, and take the sandbox's environment, when the backend keeps it
+// out of the instance's definition (backend.AgentEnv), before any command
+// runs.
+func (m *Manager) setupSandbox(ctx context.Context, c *conn, box backend.Instance) error {
+	var req agentproto.SetupRequest
+	if m.proxy != nil {
+		req.CACerts = string(m.proxy.CACert())
 	}
-	ca := m.proxy.CACert()
-	if ca == nil {
+	if ae, ok := box.(backend.AgentEnv); ok {
+		req.Env = ae.AgentEnv()
+	}
+	if req.CACerts == "" && len(req.Env) == 0 {
 		return nil
 	}
 	var res agentproto.SetupResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindSetup, agentproto.SetupRequest{CACerts: string(ca)}, nil, nil,
+	err := c.roundTrip(ctx, opTimeout, agentproto.KindSetup, req, nil, nil,
 		func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -47,9 +54,12 @@ func (m *Manager) setupSandbox(ctx context.Context, c *conn) error {
 			return nil
 		})
 	if err != nil {
-		return fmt.Errorf("write the proxy's CA bundle in the sandbox: %w", err)
+		return fmt.Errorf("set up the sandbox (its CA bundle and environment): %w", err)
 	}
-	if res.SystemRoots == "" {
+	if res.Env != len(req.Env) {
+		return errcode.Errorf(errcode.Unavailable, "the sandbox's agent took %d of its %d environment variables: it predates setup.env; rebuild the agent image (make k8s-images)", res.Env, len(req.Env))
+	}
+	if req.CACerts != "" && res.SystemRoots == "" {
 		m.log.Warn("the image has no root certificates; the sandbox's CA bundle holds only the proxy's CA, so only hosts with a secret verify", "bundle", res.CABundle)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agent"
@@ -28,6 +29,15 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == ProbeIOURing {
 		probeIOURing(os.Stdout)
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == ProbePids {
+		n, err := strconv.Atoi(os.Args[2])
+		if err != nil || n < 1 {
+			fmt.Fprintln(os.Stderr, "sandbox-agent probe-pids: want a thread count")
+			os.Exit(2)
+		}
+		probePids(os.Stdout, n)
 		return
 	}
 	if len(os.Args) == 3 && os.Args[1] == InstallCommand {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,5 +96,73 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 		r.ok("sandbox pods run under runtime class %s", *pod.Spec.RuntimeClassName)
 	}
 	checkIdentities(ctx, sb, r, false)
+	if pod != nil {
+		checkKubePids(ctx, probe, pod.Name, r) // last: it may end the sandbox
+	}
 	m.Release("doctor")
+}
+
+// pidsProbeThreads is how far doctor's probe goes looking for a sandbox
+// pod's process limit: a limit above it counts as none.
+const pidsProbeThreads = 4096
+
+// kubeletPidsFix says how to give sandbox pods a process limit.
+const kubeletPidsFix = "set podPidsLimit in the kubelet configuration of every node that runs sandboxes (podPidsLimit: 1024 in its KubeletConfiguration file, or the flag --pod-max-pids=1024) and restart the kubelets; Kubernetes has no per-pod field for it"
+
+// threadLimitRE is the Go runtime's last words when a thread cannot be made.
+var threadLimitRE = regexp.MustCompile(`failed to create new OS thread \(have (\d+) already; errno=(\d+)\)`)
+
+// checkKubePids learns the process limit a real sandbox pod gets: the
+// agent's probe creates threads (which pids.max counts like processes)
+// until one fails or it has pidsProbeThreads. A failure with EAGAIN is the
+// pod's pids.max (the kubelet's podPidsLimit, on the pod's cgroup, which
+// the container cannot read); getting there means a fork bomb in a
+// sandbox reaches the node: a FAIL.
+func checkKubePids(ctx context.Context, probe *kube.Cluster, pod string, r *report) {
+	// The probe runs beside the agent, in an exec of its own: at the limit
+	// the agent may fail to make a thread and end the sandbox, and the
+	// probe's answer must not ride on the agent's stream.
+	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	stdout, stderr, exit, err := probe.Exec(pctx, pod, []string{kube.AgentPath, "probe-pids", strconv.Itoa(pidsProbeThreads)}, 16<<10)
+	if err != nil {
+		r.warn("could not learn the process limit of sandbox pods: %v", err)
+		return
+	}
+	verdict, msg := pidsVerdict(stdout, stderr, exit)
+	switch verdict {
+	case "ok":
+		r.ok("%s", msg)
+	case "fail":
+		r.fail("%s", msg)
+	default:
+		r.warn("%s", msg)
+	}
+}
+
+// pidsVerdict reads the probe's output: "ok", "fail" or "warn", and what
+// to print. It is pure.
+func pidsVerdict(stdout, stderr string, exit int) (verdict, msg string) {
+	own := "unknown"
+	if line, _, _ := strings.Cut(stdout, "\n"); strings.HasPrefix(line, "cgroup ") {
+		own = strings.TrimPrefix(line, "cgroup ")
+	}
+	if m := threadLimitRE.FindStringSubmatch(stderr); m != nil {
+		if m[2] != "11" {
+			return "warn", fmt.Sprintf("could not learn the process limit of sandbox pods: creating threads failed at %s with errno %s (not a process limit; the pod's memory?)", m[1], m[2])
+		}
+		return "ok", fmt.Sprintf("sandbox pods are limited to about %s processes and threads (creating one more failed with EAGAIN; the container's own pids.max: %s, so the limit is the pod's, the kubelet's podPidsLimit)", m[1], own)
+	}
+	if n, ok := strings.CutPrefix(strings.TrimSpace(stdout[strings.Index(stdout, "\n")+1:]), "reached "); ok && exit == 0 {
+		return "fail", fmt.Sprintf("a sandbox pod ran %s threads without reaching a process limit (the container's own pids.max: %s): a fork bomb in a sandbox reaches the node; %s", n, own, kubeletPidsFix)
+	}
+	return "warn", fmt.Sprintf("could not learn the process limit of sandbox pods: the probe exited %d (%q %q)", exit, truncateOutput(stdout), truncateOutput(stderr))
+}
+
+func truncateOutput(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
 }

@@ -89,6 +89,17 @@ type Instance interface {
 	Remove(ctx context.Context) error
 }
 
+// AgentEnv is implemented by an Instance that keeps the sandbox's
+// environment out of its definition, because others can read that (a pod
+// spec is stored in etcd and shown to anyone who may get pods): the server
+// hands AgentEnv to the agent in its setup request
+// (agentproto.SetupRequest.Env) before any command runs, and the agent
+// adds it to every command's environment. An Instance without it got the
+// whole InstanceSpec.Env in its definition (a Docker container's config).
+type AgentEnv interface {
+	AgentEnv() []string
+}
+
 // InstanceSpec is what an instance is started with. Every field comes from
 // the operator's policy and the server's options; nothing here comes from a
 // tool argument.
@@ -101,6 +112,9 @@ type InstanceSpec struct {
 	UID, GID int
 	// Env is the sandbox's whole environment (NAME=VALUE). The backend
 	// adds the proxy's variables when Proxy is set; nothing else enters.
+	// It holds values the operator may not want shown (--env values, the
+	// secrets' placeholders): a backend whose instance definition others
+	// can read delivers it through the agent instead (see AgentEnv).
 	Env []string
 	// Limits bound the instance's resources.
 	Limits Limits

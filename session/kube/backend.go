@@ -107,8 +107,12 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 			"NO_PROXY="+noProxy, "no_proxy="+noProxy)
 		network = NetworkProxy
 	}
+	// The environment holds the proxy credential, the operator's --env
+	// values and the secrets' placeholders: the pod spec, which anyone who
+	// may get pods reads and etcd keeps, gets none of it. The agent's setup
+	// request carries it (backend.AgentEnv).
 	sb, err := b.cfg.Cluster.Start(ctx, spec.Sandbox, Params{
-		Name: name, Image: b.cfg.Image, UID: spec.UID, GID: spec.GID, Env: env,
+		Name: name, Image: b.cfg.Image, UID: spec.UID, GID: spec.GID,
 		WorkspaceBytes: spec.Limits.WorkspaceBytes, TmpBytes: spec.Limits.TmpBytes, ReadOnly: spec.ReadOnly,
 		Memory: spec.Limits.Memory, NanoCPUs: spec.Limits.NanoCPUs, Network: network,
 	})
@@ -116,14 +120,22 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 		revoke()
 		return nil, err
 	}
-	return &podInstance{Sandbox: sb, revoke: revoke}, nil
+	return &podInstance{Sandbox: sb, revoke: revoke, env: env}, nil
 }
 
-// podInstance is a Sandbox that gives its proxy credential back on Remove.
+// podInstance is a Sandbox that gives its proxy credential back on Remove,
+// and whose environment the agent's setup delivers.
 type podInstance struct {
 	*Sandbox
 	revoke func()
+	env    []string
 }
+
+var _ backend.AgentEnv = (*podInstance)(nil)
+
+// AgentEnv is the sandbox's environment, proxy variables included, which
+// the pod spec does not hold.
+func (p *podInstance) AgentEnv() []string { return p.env }
 
 func (p *podInstance) Remove(ctx context.Context) error {
 	err := p.Sandbox.Remove(ctx)

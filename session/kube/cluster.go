@@ -342,6 +342,7 @@ func ownerAnnotation() string {
 // pod that cannot start is deleted and reported as UNAVAILABLE with the
 // reason the cluster gave; the wait is bounded by Config.StartTimeout.
 func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox, error) {
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
 	p.Namespace = c.cfg.Namespace
@@ -370,11 +371,14 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox
 	p.Annotations[AnnotationOwner] = ownerAnnotation()
 	p.Annotations[AnnotationCreated] = time.Now().UTC().Format(time.RFC3339)
 
-	pods := c.cs.CoreV1().Pods(c.cfg.Namespace)
-	created, err := pods.Create(ctx, Pod(p), metav1.CreateOptions{})
-	if err != nil {
-		return nil, startError(p.Name, err)
+	if caller.Err() != nil {
+		return nil, context.Cause(caller) // abandoned before anything was made
 	}
+	// The pod is the start's from the moment its create request is sent:
+	// whatever happens next, a start that does not return it deletes it
+	// by name. The create's answer is awaited even when ctx ends meanwhile
+	// (bounded by createWait): an API server may carry out a create whose
+	// client gave up, and a delete sent before that would find nothing.
 	ok := false
 	defer func() {
 		if !ok {
@@ -385,16 +389,40 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox
 			}
 		}
 	}()
+	pods := c.cs.CoreV1().Pods(c.cfg.Namespace)
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), createWait)
+	created, err := pods.Create(cctx, Pod(p), metav1.CreateOptions{})
+	ccancel()
+	if caller.Err() != nil {
+		return nil, context.Cause(caller)
+	}
+	if err != nil {
+		return nil, startError(p.Name, err)
+	}
 	if err := c.waitRunning(ctx, created); err != nil {
+		if caller.Err() != nil {
+			return nil, context.Cause(caller)
+		}
 		return nil, err
 	}
 	pod, err := c.execAgent(ctx, p.Name, p.UID, p.GID)
 	if err != nil {
 		return nil, err
 	}
+	if caller.Err() != nil {
+		// Abandoned while the agent's stream opened: end it with the pod.
+		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer dcancel()
+		pod.Remove(dctx)
+		return nil, context.Cause(caller)
+	}
 	ok = true
 	return pod, nil
 }
+
+// createWait bounds the wait for a pod create's answer after the start
+// that sent it was abandoned.
+const createWait = 30 * time.Second
 
 // waitRunning watches a pod until its sandbox container runs, or returns
 // UNAVAILABLE with the reason it cannot.
@@ -594,3 +622,51 @@ func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Sa
 	}()
 	return p, nil
 }
+
+// Exec runs argv in a sandbox pod's sandbox container over pods/exec, apart
+// from the agent's stream, and returns the first maxOutput bytes of its
+// stdout and stderr and its exit code. doctor uses it for a probe that may
+// take the pod's last process (which the agent may then need).
+func (c *Cluster) Exec(ctx context.Context, pod string, argv []string, maxOutput int) (stdout, stderr string, exit int, err error) {
+	req := c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(c.cfg.Namespace).Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: SandboxContainer, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(c.rest, "GET", req.URL().String())
+	if err != nil {
+		return "", "", 0, apiError("exec in pod "+pod, err)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(c.rest, "POST", req.URL())
+	if err != nil {
+		return "", "", 0, apiError("exec in pod "+pod, err)
+	}
+	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return "", "", 0, apiError("exec in pod "+pod, err)
+	}
+	out, errOut := &capWriter{max: maxOutput}, &capWriter{max: maxOutput}
+	err = exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: out, Stderr: errOut})
+	var ee interface{ ExitStatus() int }
+	if errors.As(err, &ee) {
+		return out.String(), errOut.String(), ee.ExitStatus(), nil
+	}
+	if err != nil {
+		return out.String(), errOut.String(), 0, apiError("exec in pod "+pod, err)
+	}
+	return out.String(), errOut.String(), 0, nil
+}
+
+// capWriter keeps the first max bytes written to it and drops the rest.
+type capWriter struct {
+	max int
+	b   []byte
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	if room := w.max - len(w.b); room > 0 {
+		w.b = append(w.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (w *capWriter) String() string { return string(w.b) }

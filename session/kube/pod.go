@@ -63,8 +63,11 @@ type Params struct {
 	Labels      map[string]string // LabelManaged and friends included
 	Annotations map[string]string
 
-	UID, GID int      // the non-root user everything in the pod runs as
-	Env      []string // the sandbox's whole environment (NAME=VALUE)
+	UID, GID int // the non-root user everything in the pod runs as
+	// Env goes into the sandbox container's spec (NAME=VALUE), where anyone
+	// who may get pods reads it and etcd stores it: the Backend puts none of
+	// the sandbox's environment here (the agent's setup delivers it).
+	Env []string
 
 	WorkspaceBytes int64 // sizeLimit of the /workspace emptyDir (memory)
 	TmpBytes       int64 // sizeLimit of the /tmp emptyDir (memory)

@@ -174,6 +174,20 @@ func (h Harness) connect(t *testing.T, inst backend.Instance) *agent {
 	if err := a.w.Write(0, agentproto.KindLease, agentproto.Lease{}, nil); err != nil {
 		t.Fatalf("send the lease: %v", err)
 	}
+	// An instance that keeps the environment out of its definition has
+	// the agent's setup deliver it, as session does.
+	if ae, ok := inst.(backend.AgentEnv); ok {
+		id := a.next
+		a.next++
+		env := ae.AgentEnv()
+		if err := a.w.Write(id, agentproto.KindSetup, agentproto.SetupRequest{Env: env}, nil); err != nil {
+			t.Fatalf("send the setup: %v", err)
+		}
+		var res agentproto.SetupResult
+		if f := a.read(); f.Kind != agentproto.KindResult || f.Decode(&res) != nil || res.Env != len(env) {
+			t.Fatalf("setup: %q %+v, want a result taking %d variables", f.Kind, res, len(env))
+		}
+	}
 	return a
 }
 
