@@ -182,7 +182,7 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		delete(host.Tmpfs, WorkspaceDir)
 	}
 	if p.AgentMount != "" {
-		host.Mounts = agentMounts(p.AgentMount)
+		host.Mounts = append(host.Mounts, agentMounts(p.AgentMount)...)
 	}
 	var netCfg *network.NetworkingConfig
 	if netMode != "none" {

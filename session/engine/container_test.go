@@ -114,12 +114,14 @@ func TestContainerSpec(t *testing.T) {
 	so := ContainerSpec(p).HostConfig.SecurityOpt
 	check("seccomp profile", slices.Equal(so, []string{"no-new-privileges=true", "seccomp=" + p.SeccompProfile}))
 
-	// A bind-mounted agent is the one host path in the container: the
-	// agent's file alone, read-only, where the image would hold it.
+	// A bind-mounted agent is the one host path in the container beside the
+	// empty resolv.conf: the agent's file alone, read-only, where the image
+	// would hold it.
 	p.AgentMount = "/var/lib/sandbox-mcp/agents/0123/sandbox-agent"
 	m := ContainerSpec(p).HostConfig
-	check("agent bind mount", len(m.Mounts) == 1 && m.Mounts[0].Type == mount.TypeBind && m.Mounts[0].Source == p.AgentMount &&
-		m.Mounts[0].Target == AgentPath && m.Mounts[0].ReadOnly && len(m.Binds) == 0)
+	check("agent bind mount", len(m.Mounts) == 2 && m.Mounts[1].Type == mount.TypeBind && m.Mounts[1].Source == p.AgentMount &&
+		m.Mounts[1].Target == AgentPath && m.Mounts[1].ReadOnly && len(m.Binds) == 0)
+	check("resolv.conf kept beside the agent", m.Mounts[0].Source == ResolvConf && m.Mounts[0].Target == "/etc/resolv.conf" && m.Mounts[0].ReadOnly)
 
 	// The spec does not share the caller's slices and maps.
 	p2 := testParams()
