@@ -455,6 +455,13 @@ func (r *running) wait() (res agentproto.ExecResult, waitErr error) {
 	}
 	res.DurationNano = int64(time.Since(r.started))
 	r.cancelRun()
+	if r.req.Background || r.detached.Load() {
+		// A job reads as ended only once the output it wrote before it
+		// exited is kept: its last bytes may still sit in the pipes when
+		// it is reaped. (A foreground command drains in follow, before its
+		// exit frame.)
+		r.awaitOutput()
+	}
 	r.j.finish(r.cmd.ProcessState, res.TimedOut)
 	// A process the command left behind may hold stdin: writers to it
 	// give up now, and it is closed.
@@ -532,6 +539,16 @@ func (r *running) drain(detach <-chan struct{}) bool {
 		}
 	}
 	return all
+}
+
+// awaitOutput waits for a background job's readers to take what its
+// command wrote, as drain does, but only as long as the agent serves: a
+// process of the command that holds the pipes is waited for lingerGrace.
+func (r *running) awaitOutput() {
+	done := make(chan struct{})
+	go func() { r.readers.Wait(); close(done) }()
+	group := r.group
+	waitForOutput(done, r.s.root.Done(), nil, lingerGrace, drainCeiling, func() bool { return group == 0 || groupHasMembers(group) })
 }
 
 func startError(name, prog string, err error) error {

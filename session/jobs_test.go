@@ -258,3 +258,21 @@ func TestJobsDoNotOutliveTheirContainer(t *testing.T) {
 	_, err = sb.Job(context.Background(), JobRequest{Job: id, Max: 10})
 	wantCode(t, err, errcode.NotFound)
 }
+
+// TestEndedJobHasAllItsOutput: a background job reads as ended only once
+// the output it wrote before it exited is kept. Its last bytes may still
+// sit in the pipe when the process is reaped; a read that saw the end
+// first, with part of the output missing, made a model (and TestStdioJobs)
+// miss a trap's last line.
+func TestEndedJobHasAllItsOutput(t *testing.T) {
+	m := testManager(t, nil)
+	sb := startedSandbox(t, m)
+	const size = 30000 // within a pipe's buffer (the writer never waits for the reader) and one read
+	for i := range 12 {
+		id := background(t, sb, fmt.Sprintf(`sleep 0.2; head -c %d /dev/zero | tr '\0' x; exit 4`, size))
+		out, st := waitFor(t, sb, id, func(_ string, st agentproto.JobStatus) bool { return st.State != agentproto.JobRunning })
+		if len(out) != size || st.ExitCode != 4 {
+			t.Fatalf("run %d: the job read as %s (exit %d) with %d of its %d bytes", i, st.State, st.ExitCode, len(out), size)
+		}
+	}
+}
