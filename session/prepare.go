@@ -32,14 +32,18 @@ type preparation struct {
 	// logEvery is prepareLogEvery (tests shorten it).
 	logEvery time.Duration
 
-	mu       sync.Mutex
-	ready    bool
-	running  bool
-	step     backend.Step
-	since    time.Time     // the start of the attempt under way, or of the last one
-	took     time.Duration // how long the last attempt took, once it ended
-	err      error         // why the last attempt failed; nil while one runs
-	done     chan struct{} // closed when the attempt under way ends
+	mu      sync.Mutex
+	ready   bool
+	running bool
+	step    backend.Step
+	since   time.Time     // the start of the attempt under way, or of the last one
+	took    time.Duration // how long the last attempt took, once it ended
+	err     error         // why the last attempt failed; nil while one runs
+	done    chan struct{} // closed when the attempt under way ends
+	// stepped is closed (and made anew) when a step begins, so that
+	// waiting calls tell their clients of it at once, not at their next
+	// beat: a step shorter than a beat is still heard of.
+	stepped  chan struct{}
 	attempts int
 }
 
@@ -115,6 +119,10 @@ func (p *preparation) attempt(done chan struct{}, n int) {
 	err := p.run(p.ctx, func(st backend.Step) {
 		p.mu.Lock()
 		p.step = st
+		if p.stepped != nil {
+			close(p.stepped)
+		}
+		p.stepped = make(chan struct{})
 		p.mu.Unlock()
 		if st.Why != "" {
 			log.Info("preparing sandboxes: "+st.What, "why", st.Why, "usually", st.Usually)
@@ -165,6 +173,10 @@ func (p *preparation) wait(ctx context.Context, maxWait, every time.Duration, be
 	}
 	p.start()
 	done := p.done
+	if p.stepped == nil {
+		p.stepped = make(chan struct{})
+	}
+	stepped := p.stepped
 	p.mu.Unlock()
 	if done == nil { // the manager closed before any attempt
 		return errcode.Errorf(errcode.Unavailable, "the server is shutting down")
@@ -182,6 +194,8 @@ func (p *preparation) wait(ctx context.Context, maxWait, every time.Duration, be
 		t := time.NewTicker(every)
 		defer t.Stop()
 		tick = t.C
+	} else {
+		stepped = nil // nobody to tell
 	}
 	for {
 		select {
@@ -192,6 +206,11 @@ func (p *preparation) wait(ctx context.Context, maxWait, every time.Duration, be
 			}
 			return failedPreparation(s)
 		case <-tick:
+			beat(p.status())
+		case <-stepped:
+			p.mu.Lock()
+			stepped = p.stepped
+			p.mu.Unlock()
 			beat(p.status())
 		case <-timeout:
 			return stillPreparing(p.status(), maxWait)

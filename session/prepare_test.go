@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,4 +224,50 @@ func (l *lockedBuilder) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestWaitersHearOfEachStep: a call waiting for the preparation is told
+// of every step when it begins, not only at its beats: a step shorter than
+// a beat (a seed image built in 4 s against beats of 5 s) was never heard
+// of by the client.
+func TestWaitersHearOfEachStep(t *testing.T) {
+	steps := []string{"checking the image", "building the read-only workspace's image", "sweeping"}
+	var mu sync.Mutex
+	var heard []string
+	heardOf := func(what string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(heard, what)
+	}
+	p := &preparation{
+		log:      slog.New(slog.DiscardHandler),
+		ctx:      context.Background(),
+		wg:       &sync.WaitGroup{},
+		logEvery: time.Hour,
+		run: func(ctx context.Context, step func(backend.Step)) error {
+			for _, what := range steps {
+				step(backend.Step{What: what})
+				// The next step begins once this one is heard of, or
+				// after 5 s when it never is.
+				for end := time.Now().Add(5 * time.Second); !heardOf(what) && time.Now().Before(end); {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			return nil
+		},
+	}
+	beat := func(s PrepareStatus) {
+		mu.Lock()
+		heard = append(heard, s.Step.What)
+		mu.Unlock()
+	}
+	if err := p.wait(context.Background(), time.Minute, time.Hour, beat); err != nil {
+		t.Fatal(err)
+	}
+	p.wg.Wait()
+	for _, want := range steps {
+		if !heardOf(want) {
+			t.Errorf("the waiting call never heard of %q (its beats come once an hour): %q", want, heard)
+		}
+	}
 }
