@@ -10,7 +10,7 @@
 // too long) is reported by the next call, and the call after that gets a
 // fresh one, restored from the sandbox's latest snapshot. What runs the
 // instances is a backend (package session/backend); the Docker one is
-// package session/engine, made from Options.Client unless Options.Backend
+// package session/backend/docker, made from Options.Client unless Options.Backend
 // names another.
 //
 // The files: registry.go (the Manager, its options, the sandboxes by key

@@ -17,7 +17,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // agentBin is the agent built for this test run; intruderBin is the static
@@ -86,12 +86,12 @@ func testManager(t *testing.T, edit func(*Options)) *Manager {
 		if err := m.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		left := testenv.Containers(t, cli, engine.LabelInstance, instance)
-		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
+		left := testenv.Containers(t, cli, docker.LabelInstance, instance)
+		testenv.RemoveLabelled(cli, docker.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind after Close: %v", left)
 		}
-		nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelInstance+"="+instance)})
+		nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", docker.LabelInstance+"="+instance)})
 		if err != nil {
 			t.Errorf("list networks: %v", err)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
@@ -40,17 +40,17 @@ const (
 // Options configure a Manager.
 type Options struct {
 	// Backend runs the sandboxes' instances. nil means the Docker
-	// backend (package session/engine) on Client, configured from the
+	// backend (package session/backend/docker) on Client, configured from the
 	// fields below.
 	Backend backend.Backend
 	// Client is the Docker engine; required unless Backend is set.
-	Client engine.Engine
+	Client docker.Engine
 	// Image is the base image of every sandbox; it must exist locally.
 	Image string
 	// AgentBinary is the path of the static agent binary given to every
 	// sandbox.
 	AgentBinary string
-	// AgentMount says how sandboxes get the agent binary (engine.AgentMount*:
+	// AgentMount says how sandboxes get the agent binary (docker.AgentMount*:
 	// "auto", the zero value, bind-mounts it where the engine is local).
 	// Copies for bind mounts are kept in StateDir.
 	AgentMount string
@@ -105,7 +105,7 @@ type Options struct {
 	// fields below configure that.
 
 	// NetworkPool is where sandbox networks take /29 subnets; the zero
-	// value means engine.DefaultNetworkPool.
+	// value means docker.DefaultNetworkPool.
 	NetworkPool netip.Prefix
 	// Resolver and Dialer replace the proxy's defaults (tests use them).
 	Resolver netproxy.Resolver
@@ -130,7 +130,7 @@ type Options struct {
 type Manager struct {
 	opts    Options
 	backend backend.Backend
-	docker  *engine.Docker // the backend, when it is Docker's
+	docker  *docker.Docker // the backend, when it is Docker's
 	log     *slog.Logger
 	snaps   *snapshot.Store
 	seed    *seed // nil without --workspace-from
@@ -228,9 +228,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			return nil, closeSeed(sd, err)
 		}
 	}
-	be, docker := opts.Backend, (*engine.Docker)(nil)
+	be, dk := opts.Backend, (*docker.Docker)(nil)
 	if be == nil {
-		cfg := engine.Config{
+		cfg := docker.Config{
 			Client:         opts.Client,
 			Image:          opts.Image,
 			AgentBinary:    opts.AgentBinary,
@@ -248,18 +248,18 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		// A read-only workspace cannot be filled after the start: its
 		// content goes into the image instead.
 		if opts.Policy.ReadOnly && sd != nil {
-			cfg.Seed = &engine.Seed{Digest: sd.sha, Tar: sd.reader}
+			cfg.Seed = &docker.Seed{Digest: sd.sha, Tar: sd.reader}
 		}
-		if docker, err = engine.New(cfg); err != nil {
+		if dk, err = docker.New(cfg); err != nil {
 			return nil, closeSeed(sd, err)
 		}
-		be = docker
+		be = dk
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts:    opts,
 		backend: be,
-		docker:  docker,
+		docker:  dk,
 		log:     log.With("component", "session", "instance", opts.Instance),
 		snaps:   snaps,
 		seed:    sd,
@@ -329,7 +329,7 @@ func (m *Manager) RuntimeImage() string {
 }
 
 // Toolbox returns the sandbox image's toolbox manifest (JSON, see
-// engine.LabelToolbox), or "" when the image has none or the backend cannot
+// docker.LabelToolbox), or "" when the image has none or the backend cannot
 // read it in 2 s (Kubernetes' does not inspect images).
 func (m *Manager) Toolbox(ctx context.Context) string {
 	if m.docker == nil {

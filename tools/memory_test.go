@@ -20,7 +20,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // agentBin is the agent built for this test run, for the tests that run
@@ -89,8 +89,8 @@ func newRigWith(t *testing.T, edit func(*policy.Policy), copts *mcp.ClientOption
 		if err := m.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		left := testenv.Containers(t, cli, engine.LabelInstance, instance)
-		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
+		left := testenv.Containers(t, cli, docker.LabelInstance, instance)
+		testenv.RemoveLabelled(cli, docker.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind: %v", left)
 		}

@@ -19,8 +19,10 @@
 //   - policy is pure: of this module it links only internal/errcode.
 //   - internal/ holds what several programs or packages share: a package
 //     only one command's packages import lives under cmd/NAME/internal/.
-//   - The backend seam (session/backend), which a second backend builds on,
-//     links no Docker package: Docker lives in session/engine.
+//   - The backend seam (session/backend), which every backend builds on,
+//     links no Docker package: Docker lives in its backend,
+//     session/backend/docker. The backends (session/backend/docker,
+//     session/backend/kube) are siblings: neither links the other.
 //   - The snapshot store (snapshot) and `sandbox-mcp snapshot`
 //     (cmd/sandbox-mcp/internal/snapshotcli) link neither session nor
 //     Docker: they work on the state directory with no engine at all.

@@ -178,6 +178,10 @@ var mustNotLink = []struct {
 		"the guard ends a session's sandbox through its Sessions interface"},
 	{module + "/cmd/sandbox-mcp/internal/httpguard", module + "/session",
 		"the guard checks requests; sandboxes are the tools' business"},
+	{module + "/session/backend/kube", module + "/session/backend/docker",
+		"the backends are siblings on the seam (session/backend): what both need belongs to the seam or to a package both import"},
+	{module + "/session/backend/docker", module + "/session/backend/kube",
+		"the backends are siblings on the seam (session/backend): what both need belongs to the seam or to a package both import"},
 }
 
 // mustNotImport lists, for a package, packages of this module it may not
@@ -236,7 +240,7 @@ func TestBackendSeamLinksNoDocker(t *testing.T) {
 	root := module + "/session/backend"
 	for _, p := range deps(t, root) {
 		if linksDocker(p) {
-			t.Errorf("%s links %s: the seam between a sandbox's life and what runs it is backend-neutral; Docker belongs in session/engine", root, p)
+			t.Errorf("%s links %s: the seam between a sandbox's life and what runs it is backend-neutral; Docker belongs in its backend, session/backend/docker", root, p)
 		}
 	}
 }

@@ -1,5 +1,5 @@
 // Package backend is the seam between a sandbox's life (package session) and
-// what runs it: Docker containers (package session/engine) today, other
+// what runs it: Docker containers (package session/backend/docker) today, other
 // backends (Kubernetes pods, a test's in-process agent) beside it.
 //
 // A backend starts instances: one sandbox's container or pod, the agent

@@ -1,4 +1,4 @@
-// Package engine runs sandboxes as Docker containers: the sandbox backend
+// Package docker runs sandboxes as Docker containers: the sandbox backend
 // (see package session/backend) for a Docker engine. It holds everything
 // Docker: the engine calls the server makes, behind the narrow interface
 // Engine; the hardened container spec (a pure function, tested field by
@@ -7,9 +7,9 @@
 // rules that keep it off the host; the labels on every object; and the
 // sweep of what a server that is gone left behind.
 //
-// Package engine knows nothing of the agent's protocol, of snapshots or of
+// Package docker knows nothing of the agent's protocol, of snapshots or of
 // MCP.
-package engine
+package docker
 
 import (
 	"context"
