@@ -15,7 +15,7 @@ import (
 func TestAgentMount(t *testing.T) {
 	for _, how := range []string{docker.AgentMountAuto, docker.AgentMountImage} {
 		t.Run(how, func(t *testing.T) {
-			m := testManager(t, func(o *Options) { o.AgentMount = how })
+			m := testDockerManager(t, nil, func(c *docker.Config) { c.AgentMount = how })
 			if err := m.WaitPrepared(context.Background(), 3*time.Minute, 0, nil); err != nil {
 				t.Fatal(err)
 			}

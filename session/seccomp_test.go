@@ -48,7 +48,7 @@ func TestSeccompProfileBlocksIOURing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := testManager(t, func(o *Options) { o.SeccompProfile = string(profile) })
+	m := testDockerManager(t, nil, func(c *docker.Config) { c.SeccompProfile = string(profile) })
 	if got := probeIOURing(t, m); got != "blocked: EPERM" {
 		t.Fatalf("under the example profile, io_uring_setup: %q, want blocked: EPERM", got)
 	}

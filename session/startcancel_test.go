@@ -155,14 +155,13 @@ func TestCancelledStartLeavesNothing(t *testing.T) {
 		t.Run(string(network), func(t *testing.T) {
 			cli := testenv.Engine(t)
 			cut := &cutEngine{Engine: cli}
-			m := testManager(t, func(o *Options) {
-				o.Client = cut
+			m := testDockerManager(t, func(o *Options) {
 				if network == policy.NetworkAllowlist {
 					o.Policy.Network = policy.NetworkAllowlist
 					o.Policy.AllowHosts = []string{"api.test:443"}
 					o.Resolver = mapResolver{"api.test": {netip.MustParseAddr("192.0.2.1")}}
 				}
-			})
+			}, func(c *docker.Config) { c.Client = cut })
 			for _, step := range startSteps {
 				if step == "NetworkCreate" && network == policy.NetworkNone {
 					continue

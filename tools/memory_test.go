@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,14 +72,26 @@ func newRigWith(t *testing.T, edit func(*policy.Policy), copts *mcp.ClientOption
 	if edit != nil {
 		edit(&p)
 	}
-	m, err := session.NewManager(context.Background(), session.Options{
+	stateDir := t.TempDir()
+	be, err := docker.New(docker.Config{
 		Client:      cli,
 		Image:       testenv.TestImage(t),
 		AgentBinary: agentBin,
-		Policy:      p,
-		StateDir:    t.TempDir(),
+		AgentDir:    filepath.Join(stateDir, "agents"),
+		UID:         session.DefaultUID,
+		GID:         session.DefaultUID,
 		Instance:    instance,
-		Logger:      slog.New(slog.DiscardHandler),
+		Egress:      p.Network == policy.NetworkAllowlist,
+	})
+	if err != nil {
+		t.Fatalf("docker.New: %v", err)
+	}
+	m, err := session.NewManager(context.Background(), session.Options{
+		Backend:  be,
+		Policy:   p,
+		StateDir: stateDir,
+		Instance: instance,
+		Logger:   slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)

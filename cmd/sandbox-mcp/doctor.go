@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -136,10 +137,13 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 	start := time.Now()
 	// What the server prepares in the background, prepared here before
 	// doctor returns: a server started next finds it ready.
+	dk, err := newDockerBackend(cfg, cli, "doctor", slog.New(slog.DiscardHandler))
+	if err != nil {
+		fail("sandbox runtime: %v", err)
+		return
+	}
 	m, err := session.NewManager(ctx, session.Options{
-		Client: cli, Image: cfg.Image, AgentBinary: cfg.AgentBin, AgentMount: cfg.AgentMount, Policy: cfg.Policy,
-		StateDir: cfg.StateDir, Runtime: cfg.Runtime, Instance: "doctor", NetworkPool: cfg.NetworkPool,
-		SeccompProfile: cfg.SeccompProfile, WorkspaceFrom: cfg.WorkspaceFrom,
+		Backend: dk, Policy: cfg.Policy, StateDir: cfg.StateDir, Instance: "doctor", WorkspaceFrom: cfg.WorkspaceFrom,
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)

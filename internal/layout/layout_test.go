@@ -245,6 +245,22 @@ func TestBackendSeamLinksNoDocker(t *testing.T) {
 	}
 }
 
+// TestSessionLinksNoDocker: the registry and the state machine run any
+// backend; main builds the backends (cmd/sandbox-mcp docker.go and kube.go),
+// so session links neither the Docker backend nor the Docker client.
+func TestSessionLinksNoDocker(t *testing.T) {
+	root := module + "/session"
+	list := deps(t, root)
+	if !slices.Contains(list, module+"/session/backend") {
+		t.Fatalf("go list -deps %s does not list session/backend: the rule would check nothing", root)
+	}
+	for _, p := range list {
+		if linksDocker(p) || p == module+"/session/backend/docker" || p == module+"/session/backend/kube" {
+			t.Errorf("%s links %s: session is the registry and the state machine on the backend seam; main builds the backend (Options.Backend), and what session needs of one is an interface in session/backend", root, p)
+		}
+	}
+}
+
 func TestSnapshotCommandLinksNoEngine(t *testing.T) {
 	for _, root := range []string{module + "/snapshot", module + "/cmd/sandbox-mcp/internal/snapshotcli"} {
 		list := deps(t, root)

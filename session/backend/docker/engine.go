@@ -343,6 +343,18 @@ func (d *Docker) probeMount(ctx context.Context, image, path string) error {
 	return nil
 }
 
+var (
+	_ backend.Image        = (*Docker)(nil)
+	_ backend.ReadOnlySeed = (*Docker)(nil)
+	_ backend.Leftovers    = (*Docker)(nil)
+)
+
+// SeedReadOnly bakes a read-only workspace's content into the runtime
+// image (Config.Seed); call it before Prepare.
+func (d *Docker) SeedReadOnly(digest string, tar func() io.Reader) {
+	d.cfg.Seed = &Seed{Digest: digest, Tar: tar}
+}
+
 // RuntimeImage returns the tag of the image sandboxes run (after Prepare).
 func (d *Docker) RuntimeImage() string {
 	d.mu.Lock()
