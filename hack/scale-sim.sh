@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The scale simulation of the Kubernetes backend's control path: a private
 # control plane (etcd, kube-apiserver, kube-scheduler; no kubelet) with
-# kwok's fake nodes, and the session/kube code creating, watching, refilling
+# kwok's fake nodes, and the session/backend/kube code creating, watching, refilling
 # and sweeping sandbox pods on them. Nothing runs in the pods: the point is
 # the API traffic and the time the control path takes, not the node.
 #
@@ -152,6 +152,6 @@ mkdir -p "$(dirname "$OUT")"
 cd "$root"
 SANDBOX_MCP_SCALE_KUBECONFIG="$KC" SANDBOX_MCP_SCALE_NODES="$NODES" SANDBOX_MCP_SCALE_SANDBOXES="$SANDBOXES" \
 SANDBOX_MCP_SCALE_OUT="$OUT" SANDBOX_MCP_SCALE_APISERVER_METRICS=1 \
-  go test -count=1 -timeout 90m -run '^TestScaleSim$' -v ./session/kube/ 2>&1 | grep -v '^=== \(RUN\|PAUSE\|CONT\)' >&2
+  go test -count=1 -timeout 90m -run '^TestScaleSim$' -v ./session/backend/kube/ 2>&1 | grep -v '^=== \(RUN\|PAUSE\|CONT\)' >&2
 say "results in $OUT"
 cat "$OUT"

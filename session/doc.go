@@ -9,9 +9,9 @@
 // that is lost (its agent died, it was removed from outside, or it sat idle
 // too long) is reported by the next call, and the call after that gets a
 // fresh one, restored from the sandbox's latest snapshot. What runs the
-// instances is a backend (package session/backend); the Docker one is
-// package session/engine, made from Options.Client unless Options.Backend
-// names another.
+// instances is a backend (package session/backend), Options.Backend, which
+// main builds: Docker containers (session/backend/docker) or Kubernetes pods
+// (session/backend/kube). This package links neither.
 //
 // The files: registry.go (the Manager, its options, the sandboxes by key
 // and id), sandbox.go (one sandbox and its calls), instance.go (one

@@ -10,7 +10,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // TestContainerInspect checks, on the real engine, that a sandbox container
@@ -27,10 +27,10 @@ func TestContainerInspect(t *testing.T) {
 	// What commands and the agent run as, from inside.
 	st := string(sh(t, sb, "cat /proc/self/status; echo @@@; cat /proc/$PPID/status").Stdout)
 	cmdStatus, agentStatus, _ := strings.Cut(st, "@@@\n")
-	for _, p := range engine.CommandStatusProblems([]byte(cmdStatus), 1000, 1000) {
+	for _, p := range docker.CommandStatusProblems([]byte(cmdStatus), 1000, 1000) {
 		t.Errorf("command: %s", p)
 	}
-	for _, p := range engine.AgentStatusProblems([]byte(agentStatus), 1000, 1000) {
+	for _, p := range docker.AgentStatusProblems([]byte(agentStatus), 1000, 1000) {
 		t.Errorf("agent: %s", p)
 	}
 	if !strings.Contains(agentStatus, "Name:\tagent") {
@@ -64,7 +64,7 @@ func checkHardened(t *testing.T, m *Manager, containerID, sandbox string) {
 			t.Errorf("docker inspect %s: %s", containerID[:12], what)
 		}
 	}
-	for _, p := range engine.HardeningProblems(res.Container, 1000, 1000) {
+	for _, p := range docker.HardeningProblems(res.Container, 1000, 1000) {
 		t.Errorf("docker inspect %s: %s", containerID[:12], p)
 	}
 	// The CIS assertions HardeningProblems covers, spelled out here too.
@@ -76,8 +76,8 @@ func checkHardened(t *testing.T, m *Manager, containerID, sandbox string) {
 	for _, mnt := range res.Container.Mounts {
 		// The agent's file and the empty resolv.conf, bind-mounted read-only,
 		// are the exceptions.
-		agent := mnt.Type == "bind" && mnt.Destination == engine.AgentPath && !mnt.RW
-		resolv := mnt.Type == "bind" && mnt.Source == engine.ResolvConf && mnt.Destination == "/etc/resolv.conf" && !mnt.RW
+		agent := mnt.Type == "bind" && mnt.Destination == docker.AgentPath && !mnt.RW
+		resolv := mnt.Type == "bind" && mnt.Source == docker.ResolvConf && mnt.Destination == "/etc/resolv.conf" && !mnt.RW
 		check(fmt.Sprintf("5.6 no mounts but tmpfs, the agent's file and the empty resolv.conf, read-only: %s %s -> %s rw=%v", mnt.Type, mnt.Source, mnt.Destination, mnt.RW), mnt.Type == "tmpfs" || agent || resolv)
 		check("5.32 no docker socket", !strings.Contains(mnt.Source, "docker.sock"))
 	}
@@ -100,6 +100,6 @@ func checkHardened(t *testing.T, m *Manager, containerID, sandbox string) {
 	check("init", h.Init != nil && *h.Init)
 	check("auto remove", h.AutoRemove)
 	check("log driver none", h.LogConfig.Type == "none")
-	check("labels", c.Labels[engine.LabelInstance] == m.Instance() && c.Labels[engine.LabelSandbox] == sandbox && c.Labels[engine.LabelManaged] == "1")
+	check("labels", c.Labels[docker.LabelInstance] == m.Instance() && c.Labels[docker.LabelSandbox] == sandbox && c.Labels[docker.LabelManaged] == "1")
 	check("workspace tmpfs", strings.Contains(h.Tmpfs["/workspace"], "size=67108864"))
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // agentBin is the agent built for this test run; intruderBin is the static
@@ -56,6 +56,47 @@ func TestMain(m *testing.M) {
 // the test ends.
 func testManager(t *testing.T, edit func(*Options)) *Manager {
 	t.Helper()
+	return testDockerManager(t, edit, nil)
+}
+
+// testDocker is the Docker backend for a test manager with opts, as main
+// builds it for the server: the test image and the agent built for this
+// run; editDocker, if set, changes its configuration.
+func testDocker(t *testing.T, opts Options, editDocker func(*docker.Config)) *docker.Docker {
+	t.Helper()
+	uid, gid := opts.UID, opts.GID
+	if uid == 0 {
+		uid, gid = DefaultUID, DefaultUID
+	}
+	instance := opts.Instance
+	if instance == "" {
+		instance = "test-" + randomID("")[:6]
+	}
+	cfg := docker.Config{
+		Client:      testenv.Engine(t),
+		Image:       testenv.TestImage(t),
+		AgentBinary: agentBin,
+		AgentDir:    filepath.Join(opts.StateDir, "agents"),
+		UID:         uid,
+		GID:         gid,
+		Instance:    instance,
+		Egress:      opts.Policy.Network == policy.NetworkAllowlist,
+		Logger:      opts.Logger,
+	}
+	if editDocker != nil {
+		editDocker(&cfg)
+	}
+	d, err := docker.New(cfg)
+	if err != nil {
+		t.Fatalf("docker.New: %v", err)
+	}
+	return d
+}
+
+// testDockerManager is testManager with the Docker backend's configuration
+// changed by editDocker.
+func testDockerManager(t *testing.T, edit func(*Options), editDocker func(*docker.Config)) *Manager {
+	t.Helper()
 	cli := testenv.Engine(t)
 	instance := "test-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(instance) > 60 {
@@ -63,18 +104,18 @@ func testManager(t *testing.T, edit func(*Options)) *Manager {
 	}
 	instance += "-" + randomID("")[:6]
 	opts := Options{
-		Client:      cli,
-		Image:       testenv.TestImage(t),
-		AgentBinary: agentBin,
-		Policy:      policy.Default(),
-		StateDir:    t.TempDir(),
-		Instance:    instance,
-		Logger:      testLogger(t),
+		Policy:   policy.Default(),
+		StateDir: t.TempDir(),
+		Instance: instance,
+		Logger:   testLogger(t),
 	}
 	opts.Policy.Memory = 256 << 20
 	opts.Policy.MaxWorkspaceBytes = 64 << 20
 	if edit != nil {
 		edit(&opts)
+	}
+	if opts.Backend == nil {
+		opts.Backend = testDocker(t, opts, editDocker)
 	}
 	m, err := NewManager(context.Background(), opts)
 	if err != nil {
@@ -86,12 +127,12 @@ func testManager(t *testing.T, edit func(*Options)) *Manager {
 		if err := m.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		left := testenv.Containers(t, cli, engine.LabelInstance, instance)
-		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
+		left := testenv.Containers(t, cli, docker.LabelInstance, instance)
+		testenv.RemoveLabelled(cli, docker.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind after Close: %v", left)
 		}
-		nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelInstance+"="+instance)})
+		nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", docker.LabelInstance+"="+instance)})
 		if err != nil {
 			t.Errorf("list networks: %v", err)
 		}

@@ -23,7 +23,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // mapResolver resolves test names to fixed addresses.
@@ -168,10 +168,10 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !nw.Network.Internal || nw.Network.Labels[engine.LabelSandbox] != sb.ID() || nw.Network.Labels[engine.LabelInstance] != m.Instance() {
+	if !nw.Network.Internal || nw.Network.Labels[docker.LabelSandbox] != sb.ID() || nw.Network.Labels[docker.LabelInstance] != m.Instance() {
 		t.Fatalf("network: internal %v labels %v", nw.Network.Internal, nw.Network.Labels)
 	}
-	if len(nw.Network.IPAM.Config) != 1 || !engine.DefaultNetworkPool.Contains(nw.Network.IPAM.Config[0].Subnet.Addr()) || h.DNS[0] != nw.Network.IPAM.Config[0].Gateway {
+	if len(nw.Network.IPAM.Config) != 1 || !docker.DefaultNetworkPool.Contains(nw.Network.IPAM.Config[0].Subnet.Addr()) || h.DNS[0] != nw.Network.IPAM.Config[0].Gateway {
 		t.Fatalf("network IPAM %v, dns %v", nw.Network.IPAM.Config, h.DNS)
 	}
 
@@ -180,7 +180,7 @@ func TestEgressThroughTheProxyOnly(t *testing.T) {
 	if _, err := testenv.Engine(t).NetworkInspect(context.Background(), netName, client.NetworkInspectOptions{}); !isGone(err) {
 		t.Fatalf("network %s left after the sandbox: %v", netName, err)
 	}
-	rules, _ := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).Output()
+	rules, _ := exec.Command("nft", "list", "table", "inet", docker.FirewallTable).Output()
 	if strings.Contains(string(rules), netName) {
 		t.Fatalf("firewall rules left:\n%s", rules)
 	}
@@ -231,7 +231,7 @@ func runPlain(t *testing.T, m *Manager, networkMode, script string) string {
 			Image:  testenv.TestImage(t),
 			Cmd:    []string{"sh", "-c", script},
 			Tty:    true, // the log is the raw output
-			Labels: map[string]string{engine.LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
+			Labels: map[string]string{docker.LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
 		},
 		HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(networkMode)},
 	})
@@ -284,7 +284,7 @@ func TestEgressProxyIsTheSandboxsAlone(t *testing.T) {
 
 	// The firewall resets the listener's port to every interface but the
 	// sandbox's bridge; the proxy itself serves the sandbox's address only.
-	rules, _ := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).Output()
+	rules, _ := exec.Command("nft", "list", "table", "inet", docker.FirewallTable).Output()
 	if !regexp.MustCompile(`iifname != "sbx-\S+" ip daddr ` + regexp.QuoteMeta(host) + ` tcp dport ` + port + ` reject with tcp reset`).Match(rules) {
 		t.Errorf("no rule keeps other interfaces off the proxy's port %s:\n%s", port, rules)
 	}
@@ -333,7 +333,7 @@ func publish(t *testing.T, m *Manager) string {
 			Image:        testenv.TestImage(t),
 			Cmd:          []string{"sh", "-c", "while true; do echo published-hello | nc -l -p 8080; done"},
 			ExposedPorts: network.PortSet{port: {}},
-			Labels:       map[string]string{engine.LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
+			Labels:       map[string]string{docker.LabelInstance: m.Instance(), "io.sandbox-mcp.test": t.Name()},
 		},
 		HostConfig: &container.HostConfig{
 			NetworkMode:  "bridge",
@@ -405,7 +405,7 @@ var forwardCounter = regexp.MustCompile(`counter packets (\d+) bytes \d+`)
 // network have stopped.
 func forwardPackets(t *testing.T, network string) int {
 	t.Helper()
-	out, err := exec.Command("nft", "list", "chain", "inet", engine.FirewallTable, engine.FirewallForwardChain).CombinedOutput()
+	out, err := exec.Command("nft", "list", "chain", "inet", docker.FirewallTable, docker.FirewallForwardChain).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list chain: %v %s", err, out)
 	}

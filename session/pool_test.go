@@ -8,7 +8,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 func waitWarm(t *testing.T, m *Manager, n int) {
@@ -26,7 +26,7 @@ func TestWarmPool(t *testing.T) {
 	dir := seedDir(t)
 	m := testManager(t, func(o *Options) { o.Warm = 2; o.WorkspaceFrom = dir })
 	waitWarm(t, m, 2)
-	ready := testenv.Containers(t, testenv.Engine(t), engine.LabelInstance, m.Instance())
+	ready := testenv.Containers(t, testenv.Engine(t), docker.LabelInstance, m.Instance())
 	if len(ready) != 2 {
 		t.Fatalf("containers: %v", ready)
 	}
@@ -50,7 +50,7 @@ func TestWarmPool(t *testing.T) {
 	}
 	// The pool refills.
 	waitWarm(t, m, 2)
-	if n := len(testenv.Containers(t, testenv.Engine(t), engine.LabelInstance, m.Instance())); n != 3 {
+	if n := len(testenv.Containers(t, testenv.Engine(t), docker.LabelInstance, m.Instance())); n != 3 {
 		t.Fatalf("%d containers, want 1 sandbox + 2 warm", n)
 	}
 	// A warm container that died while waiting is not handed out.
@@ -85,7 +85,7 @@ func TestWarmPoolRespectsMaxSessions(t *testing.T) {
 	if m.poolNeeds() {
 		t.Fatalf("the pool would grow beyond --max-sessions: warm %d with 2 sandboxes of at most 3", m.WarmReady())
 	}
-	if n := len(testenv.Containers(t, testenv.Engine(t), engine.LabelInstance, m.Instance())); n != 3 {
+	if n := len(testenv.Containers(t, testenv.Engine(t), docker.LabelInstance, m.Instance())); n != 3 {
 		t.Fatalf("%d containers, want 3 (--max-sessions)", n)
 	}
 	m.Release("a")

@@ -15,7 +15,6 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
@@ -39,21 +38,11 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	// Backend runs the sandboxes' instances. nil means the Docker
-	// backend (package session/engine) on Client, configured from the
-	// fields below.
+	// Backend runs the sandboxes' instances (Docker containers, package
+	// session/backend/docker; Kubernetes pods, session/backend/kube);
+	// main builds it. Required. A backend that implements backend.Image,
+	// backend.ReadOnlySeed or backend.Leftovers gets those calls too.
 	Backend backend.Backend
-	// Client is the Docker engine; required unless Backend is set.
-	Client engine.Engine
-	// Image is the base image of every sandbox; it must exist locally.
-	Image string
-	// AgentBinary is the path of the static agent binary given to every
-	// sandbox.
-	AgentBinary string
-	// AgentMount says how sandboxes get the agent binary (engine.AgentMount*:
-	// "auto", the zero value, bind-mounts it where the engine is local).
-	// Copies for bind mounts are kept in StateDir.
-	AgentMount string
 	// Policy gives the limits, the read-only flag and the allowlist.
 	Policy policy.Policy
 	// Env is the NAME=VALUE list every sandbox gets (the operator's --env).
@@ -73,11 +62,6 @@ type Options struct {
 	WorkspaceFrom string
 	// Instance names this server in labels; "" picks a random one.
 	Instance string
-	// Runtime is the OCI runtime ("" for the engine default).
-	Runtime string
-	// SeccompProfile is a seccomp profile (JSON) for every sandbox in place
-	// of the engine's default; "" keeps the default.
-	SeccompProfile string
 	// Lease is how long an agent lives without hearing from the server; 0
 	// means DefaultLease.
 	Lease time.Duration
@@ -100,13 +84,10 @@ type Options struct {
 	// its lease has run out. 0 means at the start only.
 	SweepEvery time.Duration
 
-	// With Policy.Network = allowlist, each sandbox gets its own internal
-	// network whose only way out is the egress proxy on its gateway. The
-	// fields below configure that.
+	// With Policy.Network = allowlist, each sandbox gets its own network
+	// whose only way out is the egress proxy. The fields below configure
+	// the proxy.
 
-	// NetworkPool is where sandbox networks take /29 subnets; the zero
-	// value means engine.DefaultNetworkPool.
-	NetworkPool netip.Prefix
 	// Resolver and Dialer replace the proxy's defaults (tests use them).
 	Resolver netproxy.Resolver
 	Dialer   netproxy.Dialer
@@ -130,7 +111,6 @@ type Options struct {
 type Manager struct {
 	opts    Options
 	backend backend.Backend
-	docker  *engine.Docker // the backend, when it is Docker's
 	log     *slog.Logger
 	snaps   *snapshot.Store
 	seed    *seed // nil without --workspace-from
@@ -162,8 +142,8 @@ type Manager struct {
 // what earlier servers left behind is swept. Calls that need a sandbox wait
 // for that (WaitPrepared).
 func NewManager(ctx context.Context, opts Options) (*Manager, error) {
-	if opts.Client == nil && opts.Backend == nil {
-		return nil, errors.New("session: Options.Client (or Options.Backend) is required")
+	if opts.Backend == nil {
+		return nil, errors.New("session: Options.Backend is required")
 	}
 	if opts.StateDir == "" {
 		return nil, errors.New("session: Options.StateDir is required")
@@ -228,38 +208,20 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			return nil, closeSeed(sd, err)
 		}
 	}
-	be, docker := opts.Backend, (*engine.Docker)(nil)
-	if be == nil {
-		cfg := engine.Config{
-			Client:         opts.Client,
-			Image:          opts.Image,
-			AgentBinary:    opts.AgentBinary,
-			AgentMount:     opts.AgentMount,
-			AgentDir:       filepath.Join(opts.StateDir, "agents"),
-			UID:            opts.UID,
-			GID:            opts.GID,
-			Instance:       opts.Instance,
-			Runtime:        opts.Runtime,
-			SeccompProfile: opts.SeccompProfile,
-			Egress:         proxy != nil,
-			NetworkPool:    opts.NetworkPool,
-			Logger:         log.With("component", "engine"),
-		}
+	be := opts.Backend
+	if opts.Policy.ReadOnly && sd != nil {
 		// A read-only workspace cannot be filled after the start: its
-		// content goes into the image instead.
-		if opts.Policy.ReadOnly && sd != nil {
-			cfg.Seed = &engine.Seed{Digest: sd.sha, Tar: sd.reader}
+		// content goes into what the instances run instead.
+		rs, ok := be.(backend.ReadOnlySeed)
+		if !ok {
+			return nil, closeSeed(sd, errors.New("session: a read-only workspace cannot start with content (WorkspaceFrom) on this backend: it cannot put the content into what its instances run"))
 		}
-		if docker, err = engine.New(cfg); err != nil {
-			return nil, closeSeed(sd, err)
-		}
-		be = docker
+		rs.SeedReadOnly(sd.sha, sd.reader)
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts:    opts,
 		backend: be,
-		docker:  docker,
 		log:     log.With("component", "session", "instance", opts.Instance),
 		snaps:   snaps,
 		seed:    sd,
@@ -302,40 +264,41 @@ func (m *Manager) prepare(ctx context.Context, step func(backend.Step)) error {
 		m.wg.Add(1)
 		go m.sweepLoop(m.opts.SweepEvery)
 	}
-	m.log.Info("ready", "image", m.opts.Image, "runtime_image", m.RuntimeImage(), "agent_mount", m.AgentMountPath())
+	m.log.Info("ready", "runtime_image", m.RuntimeImage(), "agent_mount", m.AgentMountPath())
 	return nil
 }
 
 // AgentMountPath is the host path of the agent bind-mounted into
-// sandboxes, or "" (the runtime image holds it, or the backend is not
-// Docker's), once prepared.
+// sandboxes, or "" (the runtime image holds it, or the backend prepares
+// no image: backend.Image), once prepared.
 func (m *Manager) AgentMountPath() string {
-	if m.docker == nil {
-		return ""
+	if im, ok := m.backend.(backend.Image); ok {
+		return im.AgentMountPath()
 	}
-	return m.docker.AgentMountPath()
+	return ""
 }
 
 // Instance returns the server instance id used in labels.
 func (m *Manager) Instance() string { return m.opts.Instance }
 
 // RuntimeImage returns the tag of the image sandboxes run, or "" when the
-// backend is not Docker's.
+// backend prepares no image (backend.Image).
 func (m *Manager) RuntimeImage() string {
-	if m.docker == nil {
-		return ""
+	if im, ok := m.backend.(backend.Image); ok {
+		return im.RuntimeImage()
 	}
-	return m.docker.RuntimeImage()
+	return ""
 }
 
 // Toolbox returns the sandbox image's toolbox manifest (JSON, see
-// engine.LabelToolbox), or "" when the image has none or the backend cannot
-// read it in 2 s (Kubernetes' does not inspect images).
+// docker.LabelToolbox), or "" when the image has none, the backend cannot
+// read it in 2 s, or it does not inspect images (backend.Image; Kubernetes'
+// does not).
 func (m *Manager) Toolbox(ctx context.Context) string {
-	if m.docker == nil {
-		return ""
+	if im, ok := m.backend.(backend.Image); ok {
+		return im.Toolbox(ctx)
 	}
-	return m.docker.Toolbox(ctx)
+	return ""
 }
 
 // Snapshots returns the snapshot store; a caller's snapshots are its view
@@ -513,9 +476,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		// No start runs any more: what carries this server's label
 		// now is left over (a create the engine finished after its
 		// start gave up on it), and goes too.
-		if m.docker != nil {
+		if lo, ok := m.backend.(backend.Leftovers); ok {
 			rctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
-			if err := m.docker.Close(rctx); err != nil {
+			if err := lo.RemoveLeftovers(rctx); err != nil {
 				m.log.Warn("removing what the sandboxes left behind", "err", err)
 			}
 			cancel()

@@ -11,13 +11,13 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // probeIOURing runs the agent's io_uring probe in a sandbox of m.
 func probeIOURing(t *testing.T, m *Manager) string {
 	t.Helper()
-	return strings.TrimSpace(string(run(t, newSandbox(t, m), engine.AgentPath, "probe-io-uring").Stdout))
+	return strings.TrimSpace(string(run(t, newSandbox(t, m), docker.AgentPath, "probe-io-uring").Stdout))
 }
 
 // engineMajor is the Docker engine's major version.
@@ -48,7 +48,7 @@ func TestSeccompProfileBlocksIOURing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := testManager(t, func(o *Options) { o.SeccompProfile = string(profile) })
+	m := testDockerManager(t, nil, func(c *docker.Config) { c.SeccompProfile = string(profile) })
 	if got := probeIOURing(t, m); got != "blocked: EPERM" {
 		t.Fatalf("under the example profile, io_uring_setup: %q, want blocked: EPERM", got)
 	}

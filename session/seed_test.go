@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -59,7 +58,7 @@ func TestWorkspaceFromTooLarge(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "big"), make([]byte, 2<<20), 0o644)
 	_, err := NewManager(context.Background(), Options{
-		Client: testenv.Engine(t), Image: testenv.TestImage(t), AgentBinary: agentBin, StateDir: t.TempDir(),
+		Backend: testDocker(t, Options{StateDir: t.TempDir()}, nil), StateDir: t.TempDir(),
 		Policy: func() policy.Policy {
 			p := policy.Default()
 			p.MaxWorkspaceBytes = 1 << 20
@@ -111,7 +110,7 @@ func TestWorkspaceFromRefusesHardLinksFromOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, err := NewManager(context.Background(), Options{
-		Client: testenv.Engine(t), Image: testenv.TestImage(t), AgentBinary: agentBin, StateDir: t.TempDir(),
+		Backend: testDocker(t, Options{StateDir: t.TempDir()}, nil), StateDir: t.TempDir(),
 		Policy: policy.Default(), WorkspaceFrom: dir,
 	})
 	if err == nil {
@@ -127,5 +126,26 @@ func TestWorkspaceFromRefusesHardLinksFromOutside(t *testing.T) {
 	sb := newSandbox(t, m)
 	if got := string(sh(t, sb, "cat a sub/a-again sub/innocent.txt").Stdout); got != "mine\nmine\nHOST-SECRET\n" {
 		t.Fatalf("seeded: %q", got)
+	}
+}
+
+// TestReadOnlyWorkspaceFromNeedsASeedingBackend: a read-only workspace
+// cannot be filled after the start, so its --workspace-from content goes to
+// a backend that puts it into what its instances run
+// (backend.ReadOnlySeed); a backend that cannot is refused at the start
+// rather than given sandboxes whose workspace is silently empty.
+func TestReadOnlyWorkspaceFromNeedsASeedingBackend(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("seed\n"), 0o644)
+	p := policy.Default()
+	p.ReadOnly = true
+	m, err := NewManager(context.Background(), Options{
+		Backend: &sweepCounter{swept: make(chan struct{}, 8)}, StateDir: t.TempDir(), Policy: p, WorkspaceFrom: dir,
+	})
+	if err == nil {
+		m.Close(context.Background())
+	}
+	if err == nil || !strings.Contains(err.Error(), "read-only workspace cannot start with content") {
+		t.Fatalf("NewManager with a read-only workspace from a directory on a backend that cannot seed it: %v, want a refusal", err)
 	}
 }

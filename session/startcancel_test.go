@@ -16,7 +16,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // cutEngine is the real engine, except that one call, once armed, cancels
@@ -29,7 +29,7 @@ import (
 // end runs as usual. The step "hello" cancels as the agent's hello is
 // first read from the attach stream. Every engine call stays real.
 type cutEngine struct {
-	engine.Engine
+	docker.Engine
 
 	mu      sync.Mutex
 	at      string
@@ -155,14 +155,13 @@ func TestCancelledStartLeavesNothing(t *testing.T) {
 		t.Run(string(network), func(t *testing.T) {
 			cli := testenv.Engine(t)
 			cut := &cutEngine{Engine: cli}
-			m := testManager(t, func(o *Options) {
-				o.Client = cut
+			m := testDockerManager(t, func(o *Options) {
 				if network == policy.NetworkAllowlist {
 					o.Policy.Network = policy.NetworkAllowlist
 					o.Policy.AllowHosts = []string{"api.test:443"}
 					o.Resolver = mapResolver{"api.test": {netip.MustParseAddr("192.0.2.1")}}
 				}
-			})
+			}, func(c *docker.Config) { c.Client = cut })
 			for _, step := range startSteps {
 				if step == "NetworkCreate" && network == policy.NetworkNone {
 					continue
@@ -203,17 +202,17 @@ func TestCancelledStartLeavesNothing(t *testing.T) {
 // sandbox: its containers, its networks, the rules of its networks.
 func leftBehind(t *testing.T, cli *client.Client, sandbox string) []string {
 	t.Helper()
-	left := testenv.Containers(t, cli, engine.LabelSandbox, sandbox)
+	left := testenv.Containers(t, cli, docker.LabelSandbox, sandbox)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelSandbox+"="+sandbox)})
+	nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", docker.LabelSandbox+"="+sandbox)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nets.Items {
 		left = append(left, "network "+n.Name)
 	}
-	out, _ := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).Output()
+	out, _ := exec.Command("nft", "list", "table", "inet", docker.FirewallTable).Output()
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.Contains(line, sandbox) {
 			left = append(left, "rule "+strings.TrimSpace(line))

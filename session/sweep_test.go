@@ -9,7 +9,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // TestSweep leaves what a crashed server would (a stopped sandbox container)
@@ -23,14 +23,14 @@ func TestSweep(t *testing.T) {
 		t.Helper()
 		c, err := testenv.Engine(t).ContainerCreate(ctx, client.ContainerCreateOptions{
 			Config: &container.Config{Image: img, Cmd: cmd, Labels: map[string]string{
-				engine.LabelManaged: "1", engine.LabelInstance: instance, engine.LabelSandbox: "sb-" + instance,
+				docker.LabelManaged: "1", docker.LabelInstance: instance, docker.LabelSandbox: "sb-" + instance,
 			}},
 			HostConfig: &container.HostConfig{NetworkMode: "none"},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { testenv.RemoveLabelled(testenv.Engine(t), engine.LabelInstance, instance) })
+		t.Cleanup(func() { testenv.RemoveLabelled(testenv.Engine(t), docker.LabelInstance, instance) })
 		if start {
 			if _, err := testenv.Engine(t).ContainerStart(ctx, c.ID, client.ContainerStartOptions{}); err != nil {
 				t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // agentBin is the agent built for this test run, for the tests that run
@@ -71,14 +72,26 @@ func newRigWith(t *testing.T, edit func(*policy.Policy), copts *mcp.ClientOption
 	if edit != nil {
 		edit(&p)
 	}
-	m, err := session.NewManager(context.Background(), session.Options{
+	stateDir := t.TempDir()
+	be, err := docker.New(docker.Config{
 		Client:      cli,
 		Image:       testenv.TestImage(t),
 		AgentBinary: agentBin,
-		Policy:      p,
-		StateDir:    t.TempDir(),
+		AgentDir:    filepath.Join(stateDir, "agents"),
+		UID:         session.DefaultUID,
+		GID:         session.DefaultUID,
 		Instance:    instance,
-		Logger:      slog.New(slog.DiscardHandler),
+		Egress:      p.Network == policy.NetworkAllowlist,
+	})
+	if err != nil {
+		t.Fatalf("docker.New: %v", err)
+	}
+	m, err := session.NewManager(context.Background(), session.Options{
+		Backend:  be,
+		Policy:   p,
+		StateDir: stateDir,
+		Instance: instance,
+		Logger:   slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)
@@ -89,8 +102,8 @@ func newRigWith(t *testing.T, edit func(*policy.Policy), copts *mcp.ClientOption
 		if err := m.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		left := testenv.Containers(t, cli, engine.LabelInstance, instance)
-		testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
+		left := testenv.Containers(t, cli, docker.LabelInstance, instance)
+		testenv.RemoveLabelled(cli, docker.LabelInstance, instance)
 		if len(left) > 0 {
 			t.Errorf("containers left behind: %v", left)
 		}

@@ -21,7 +21,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
@@ -47,7 +47,7 @@ type Config struct {
 	// AgentBin is the static agent binary every sandbox runs.
 	AgentBin string
 	// AgentMount says how sandboxes get it: auto, bind or image
-	// (engine.AgentMount*).
+	// (docker.AgentMount*).
 	AgentMount string
 	// Env is what every sandbox gets, as NAME=VALUE (values are secret:
 	// never logged).
@@ -135,7 +135,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&cfg.Retention.MaxAge, "snapshot-max-age", cfg.Retention.MaxAge, "snapshots older than this are deleted (0: no limit)")
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "base `image` of new sandboxes; must exist locally")
 	fs.StringVar(&cfg.AgentBin, "agent-bin", cfg.AgentBin, "`path` of the static sandbox-agent binary")
-	fs.Var(&choice{v: &cfg.AgentMount, allowed: []string{engine.AgentMountAuto, engine.AgentMountBind, engine.AgentMountImage}}, "agent-mount", "`how` sandboxes get the agent: bind (a read-only bind mount of a copy in --state-dir: nothing to build at start), image (an image of --image with the agent added, built once per agent: for an engine on another machine), or auto (bind where the engine's socket is local and it sees the file)")
+	fs.Var(&choice{v: &cfg.AgentMount, allowed: []string{docker.AgentMountAuto, docker.AgentMountBind, docker.AgentMountImage}}, "agent-mount", "`how` sandboxes get the agent: bind (a read-only bind mount of a copy in --state-dir: nothing to build at start), image (an image of --image with the agent added, built once per agent: for an engine on another machine), or auto (bind where the engine's socket is local and it sees the file)")
 	fs.Var(&secretSpecList{v: &cfg.SecretSpecs, f: f}, "secret", "`NAME@HOST[,HOST...][:header=FIELD][:url]`, repeatable (several joined by ';' in the environment variable): sandboxes get NAME set to a placeholder, and the egress proxy puts the value of this server's own variable NAME in its place into the Authorization header (and the FIELD headers; the path and query only with :url) of requests to those hosts; needs --network=allowlist with each host on --allow-host")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
@@ -155,10 +155,10 @@ func defaultConfig(getenv func(string) string) Config {
 		Policy:      policy.Default(),
 		Image:       image.DefaultTag(),
 		AgentBin:    defaultAgentBin(),
-		AgentMount:  engine.AgentMountAuto,
+		AgentMount:  docker.AgentMountAuto,
 		StateDir:    defaultStateDir(getenv),
 		IdleTimeout: 15 * time.Minute,
-		NetworkPool: engine.DefaultNetworkPool,
+		NetworkPool: docker.DefaultNetworkPool,
 		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
 		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -15,7 +16,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/session"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // report collects doctor's verdicts: ok and warn lines, and FAIL lines
@@ -122,7 +123,7 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 
 	netName := "sandbox-mcp-doctor-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if _, err := cli.NetworkCreate(ctx, netName, client.NetworkCreateOptions{
-		Driver: "bridge", Internal: true, Labels: map[string]string{engine.LabelManaged: "1"},
+		Driver: "bridge", Internal: true, Labels: map[string]string{docker.LabelManaged: "1"},
 	}); err != nil {
 		warn("cannot create an internal network (%v): --network=allowlist will not work", err)
 	} else {
@@ -136,10 +137,13 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 	start := time.Now()
 	// What the server prepares in the background, prepared here before
 	// doctor returns: a server started next finds it ready.
+	dk, err := newDockerBackend(cfg, cli, "doctor", slog.New(slog.DiscardHandler))
+	if err != nil {
+		fail("sandbox runtime: %v", err)
+		return
+	}
 	m, err := session.NewManager(ctx, session.Options{
-		Client: cli, Image: cfg.Image, AgentBinary: cfg.AgentBin, AgentMount: cfg.AgentMount, Policy: cfg.Policy,
-		StateDir: cfg.StateDir, Runtime: cfg.Runtime, Instance: "doctor", NetworkPool: cfg.NetworkPool,
-		SeccompProfile: cfg.SeccompProfile, WorkspaceFrom: cfg.WorkspaceFrom,
+		Backend: dk, Policy: cfg.Policy, StateDir: cfg.StateDir, Instance: "doctor", WorkspaceFrom: cfg.WorkspaceFrom,
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)
@@ -155,7 +159,7 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 		how = "the agent in the image"
 	}
 	ok("runtime image %s, %s (prepared in %s)", m.RuntimeImage(), how, time.Since(start).Round(time.Millisecond))
-	sb := checkSandbox(ctx, m, r, engine.AgentPath, dockerSeccomp(cfg.SeccompProfileFile), "container start included")
+	sb := checkSandbox(ctx, m, r, docker.AgentPath, dockerSeccomp(cfg.SeccompProfileFile), "container start included")
 	if sb == nil {
 		return
 	}
@@ -256,7 +260,7 @@ func checkHardening(ctx context.Context, cli *client.Client, sb *session.Sandbox
 		r.fail("inspect the sandbox container: %v", err)
 		return
 	}
-	if p := engine.HardeningProblems(insp.Container, uid, gid); len(p) > 0 {
+	if p := docker.HardeningProblems(insp.Container, uid, gid); len(p) > 0 {
 		for _, msg := range p {
 			r.fail("sandbox hardening: %s", msg)
 		}
@@ -282,9 +286,9 @@ func checkIdentities(ctx context.Context, sb *session.Sandbox, r *report, agentT
 	cmdStatus, agentStatus, _ := strings.Cut(string(res.Stdout), "@@@\n")
 	var p []string
 	if agentToo {
-		p = append(engine.CommandStatusProblems([]byte(cmdStatus), uid, gid), engine.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
+		p = append(docker.CommandStatusProblems([]byte(cmdStatus), uid, gid), docker.AgentStatusProblems([]byte(agentStatus), uid, gid)...)
 	} else {
-		p = engine.UnprivilegedCommandStatusProblems([]byte(cmdStatus), uid, gid)
+		p = docker.UnprivilegedCommandStatusProblems([]byte(cmdStatus), uid, gid)
 	}
 	for _, msg := range p {
 		r.fail("sandbox identities: %s", msg)

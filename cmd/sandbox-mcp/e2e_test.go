@@ -20,7 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // bins are the server and agent built for this test run (the server with
@@ -204,8 +204,8 @@ func (s *server) checkNoSandboxes(timeout time.Duration) {
 	}
 	s.mu.Unlock()
 	for _, id := range ids {
-		testenv.WaitNoContainers(s.t, s.cli, engine.LabelSandbox, id, timeout)
-		testenv.RemoveLabelled(s.cli, engine.LabelSandbox, id)
+		testenv.WaitNoContainers(s.t, s.cli, docker.LabelSandbox, id, timeout)
+		testenv.RemoveLabelled(s.cli, docker.LabelSandbox, id)
 	}
 }
 
@@ -444,7 +444,7 @@ func TestStdioSessionEndRemovesSandbox(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	out := s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})
 	id := out["sandbox"].(string)
-	if len(testenv.Containers(t, s.cli, engine.LabelSandbox, id)) != 1 {
+	if len(testenv.Containers(t, s.cli, docker.LabelSandbox, id)) != 1 {
 		t.Fatal("no container for the sandbox")
 	}
 	done := make(chan error, 1)
@@ -454,7 +454,7 @@ func TestStdioSessionEndRemovesSandbox(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the server did not exit after stdin closed")
 	}
-	if left := testenv.Containers(t, s.cli, engine.LabelSandbox, id); len(left) != 0 {
+	if left := testenv.Containers(t, s.cli, docker.LabelSandbox, id); len(left) != 0 {
 		t.Fatalf("container left after the server exited: %v", left)
 	}
 	if !strings.Contains(s.stderr.String(), "sandbox removed") {
@@ -481,7 +481,7 @@ func TestStdioSignalEndsCallsAndCleansUp(t *testing.T) {
 		t.Fatal("the server did not exit within 30s of SIGTERM")
 	}
 	t.Logf("exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))
-	if left := testenv.Containers(t, s.cli, engine.LabelSandbox, id); len(left) != 0 {
+	if left := testenv.Containers(t, s.cli, docker.LabelSandbox, id); len(left) != 0 {
 		t.Fatalf("container left after SIGTERM: %v", left)
 	}
 }
@@ -496,7 +496,7 @@ func TestKilledServerLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.cs.Wait()
-	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 20*time.Second)
+	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 20*time.Second)
 }
 
 // TestTwoServersShareTheEngine: a second server starting up (and sweeping)

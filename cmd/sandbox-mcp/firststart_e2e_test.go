@@ -26,7 +26,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // answerWithin is how soon after the process starts a client must have its
@@ -103,8 +103,8 @@ var firstStartPaths = []struct {
 	agentMount string
 	seed       bool
 }{
-	{"bind-mounted agent, new read-only seed", engine.AgentMountBind, true},
-	{"agent in a new image", engine.AgentMountImage, false},
+	{"bind-mounted agent, new read-only seed", docker.AgentMountBind, true},
+	{"agent in a new image", docker.AgentMountImage, false},
 }
 
 // TestFirstStartAnswersAtOnce: through the go-sdk client, the built server
@@ -142,7 +142,7 @@ func TestFirstStartAnswersAtOnce(t *testing.T) {
 			t.Cleanup(func() {
 				cs.Close()
 				if sandbox != "" {
-					testenv.WaitNoContainers(t, cli, engine.LabelSandbox, sandbox, 30*time.Second)
+					testenv.WaitNoContainers(t, cli, docker.LabelSandbox, sandbox, 30*time.Second)
 				}
 				removeBuiltImages(cli, stderr.String())
 				if t.Failed() {
@@ -222,7 +222,7 @@ func TestFirstStartAnswersAtOnce(t *testing.T) {
 // prepared.
 func TestFirstStartMCPGo(t *testing.T) {
 	cli := testenv.Engine(t)
-	args, readme := firstStartArgs(t, engine.AgentMountBind, true)
+	args, readme := firstStartArgs(t, docker.AgentMountBind, true)
 	logs := &syncBuffer{}
 	start := time.Now()
 	c, err := mcpclient.NewStdioMCPClientWithOptions(bins.Get(t).Server, serverEnv(t), args, transport.WithCommandStderrWriter(logs))
@@ -233,7 +233,7 @@ func TestFirstStartMCPGo(t *testing.T) {
 	t.Cleanup(func() {
 		c.Close()
 		if sandbox != "" {
-			testenv.WaitNoContainers(t, cli, engine.LabelSandbox, sandbox, 30*time.Second)
+			testenv.WaitNoContainers(t, cli, docker.LabelSandbox, sandbox, 30*time.Second)
 		}
 		removeBuiltImages(cli, logs.String())
 		if t.Failed() {
@@ -311,7 +311,7 @@ func TestFirstStartMCPGo(t *testing.T) {
 // its first call hears of no preparation.
 func TestPrepareThenStart(t *testing.T) {
 	cli := testenv.Engine(t)
-	args, readme := firstStartArgs(t, engine.AgentMountImage, true)
+	args, readme := firstStartArgs(t, docker.AgentMountImage, true)
 	prep := exec.Command(bins.Get(t).Server, append([]string{"prepare"}, args...)...)
 	prep.Env = serverEnv(t)
 	out, err := prep.CombinedOutput()

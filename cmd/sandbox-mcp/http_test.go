@@ -25,7 +25,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // Tokens of the HTTP tests' callers (never real secrets).
@@ -522,7 +522,7 @@ func TestHTTPCallers(t *testing.T) {
 	}
 	containers := map[string]bool{}
 	for _, id := range []string{idA, idA2, idB} {
-		c := testenv.Containers(t, s.cli, engine.LabelSandbox, id)
+		c := testenv.Containers(t, s.cli, docker.LabelSandbox, id)
 		if len(c) != 1 {
 			t.Fatalf("sandbox %s has containers %v", id, c)
 		}
@@ -580,7 +580,7 @@ func TestHTTPCallers(t *testing.T) {
 	if r := s.do(http.MethodDelete, "", with(bearerHeader(tokenB), "Mcp-Session-Id", a.cs.ID()), ""); r.status != http.StatusForbidden {
 		t.Errorf("another caller deleted the session: %d %s", r.status, r.body)
 	}
-	if len(testenv.Containers(t, s.cli, engine.LabelSandbox, idA)) != 1 {
+	if len(testenv.Containers(t, s.cli, docker.LabelSandbox, idA)) != 1 {
 		t.Fatal("another caller's DELETE removed the sandbox")
 	}
 	a.ok("sandbox_read_file", map[string]any{"path": "mine.txt"})
@@ -687,7 +687,7 @@ func TestHTTPDeleteEndsCalls(t *testing.T) {
 	}
 	t.Logf("DELETE during sleep 60 took %s", took.Round(time.Millisecond))
 	// The container goes in the background, without holding the answer.
-	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 20*time.Second)
+	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 20*time.Second)
 	select {
 	case d := <-done:
 		// The answer, if it gets out before the session's stream closes,
@@ -714,10 +714,10 @@ func TestHTTPIdleTimeout(t *testing.T) {
 	s := startHTTP(t, httpOpts{args: []string{"--idle-timeout", "3s"}})
 	c := s.connect("")
 	id := c.ok("sandbox_exec", map[string]any{"argv": []string{"true"}})["sandbox"].(string)
-	if len(testenv.Containers(t, s.cli, engine.LabelSandbox, id)) != 1 {
+	if len(testenv.Containers(t, s.cli, docker.LabelSandbox, id)) != 1 {
 		t.Fatal("no container")
 	}
-	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 30*time.Second)
+	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 30*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		r := s.do(http.MethodPost, "", http.Header{"Mcp-Session-Id": {c.cs.ID()}}, `{"jsonrpc":"2.0","id":9,"method":"tools/list"}`)
@@ -885,7 +885,7 @@ func TestHTTPShutdown(t *testing.T) {
 	if code := s.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("exit status %d after SIGTERM", code)
 	}
-	if left := testenv.Containers(t, s.cli, engine.LabelSandbox, id); len(left) != 0 {
+	if left := testenv.Containers(t, s.cli, docker.LabelSandbox, id); len(left) != 0 {
 		t.Fatalf("container left after SIGTERM: %v", left)
 	}
 	if _, err := net.DialTimeout("tcp", strings.TrimPrefix(s.base, "http://"), time.Second); err == nil {
@@ -967,7 +967,7 @@ func TestHTTPLoad(t *testing.T) {
 	s.mu.Unlock()
 	for _, c := range clients {
 		for id := range c.sandboxes {
-			testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 20*time.Second)
+			testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 20*time.Second)
 		}
 	}
 }

@@ -38,7 +38,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // toolboxArgs give the toolbox tests room: a compiler, npm and a venv need
@@ -478,7 +478,7 @@ func removeDerivedImage(t *testing.T, cli *client.Client, tag string) {
 		t.Errorf("inspect %s: %v", tag, err)
 		return
 	}
-	list, err := cli.ImageList(ctx, client.ImageListOptions{Filters: make(client.Filters).Add("label", engine.LabelRuntime+".base="+tag)})
+	list, err := cli.ImageList(ctx, client.ImageListOptions{Filters: make(client.Filters).Add("label", docker.LabelRuntime+".base="+tag)})
 	if err != nil {
 		t.Errorf("list runtime images of %s: %v", tag, err)
 	}

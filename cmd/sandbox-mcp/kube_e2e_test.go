@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 )
 
 // The acceptance tests of the Docker backend, on the Kubernetes backend:

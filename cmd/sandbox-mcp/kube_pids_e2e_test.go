@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 )
 
 // TestKubeForkBombBounded (issue 18 item 8): on the test node, whose

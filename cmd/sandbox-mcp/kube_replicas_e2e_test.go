@@ -21,7 +21,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/image/testimage"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 )
 
 // The Kubernetes test node (../shared/tools/k8s/k8s-node.sh).

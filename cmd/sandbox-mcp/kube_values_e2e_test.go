@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 )
 
 // TestKubePodSpecHoldsNoValues (issue 18 item 8): with --env, a secret and

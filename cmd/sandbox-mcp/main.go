@@ -38,7 +38,8 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
-	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -171,7 +172,7 @@ func buildVersion() string {
 // listener); auditLog, if not nil, gets a record per proxy decision.
 func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, func(), error) {
 	var (
-		cli     *client.Client
+		be      backend.Backend
 		kb      *kube.Backend
 		release func()
 	)
@@ -181,6 +182,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		if kb, err = newKubeBackend(cfg, instance, log); err != nil {
 			return nil, nil, fmt.Errorf("kubernetes backend: %w", err)
 		}
+		be = kb
 		// After the manager removed its pods: the lease and policy go.
 		release = func() {
 			cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
@@ -193,24 +195,25 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		// The engine is first called by the preparation, in the
 		// background: the client is answered at once, and a call that
 		// needs a sandbox says what is wrong with the engine.
-		var err error
-		cli, err = client.New(client.FromEnv)
+		cli, err := client.New(client.FromEnv)
 		if err != nil {
 			return nil, nil, fmt.Errorf("docker client: %w", err)
 		}
+		dk, err := newDockerBackend(cfg, cli, instance, log)
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		be = dk
 		release = func() { cli.Close() }
 	}
 	opts := session.Options{
+		Backend:     be,
 		Instance:    instance,
-		Image:       cfg.Image,
-		AgentBinary: cfg.AgentBin,
-		AgentMount:  cfg.AgentMount,
 		Policy:      cfg.Policy,
 		Env:         cfg.Env,
 		StateDir:    cfg.StateDir,
-		Runtime:     cfg.Runtime,
 		IdleTimeout: cfg.IdleTimeout,
-		NetworkPool: cfg.NetworkPool,
 		DenyAddrs:   deny,
 		// One sandbox per session: the session cap is the sandbox cap.
 		MaxSandboxes:  cfg.HTTP.MaxSessions,
@@ -219,20 +222,15 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		Retention:     cfg.SnapshotRetention(),
 		Logger:        log,
 	}
-	// The profile's JSON, read and checked with the configuration.
-	opts.SeccompProfile = cfg.SeccompProfile
 	opts.Secrets = cfg.Secrets
 	if auditLog != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { auditLog.Proxy(d) }
 		opts.OnSecretUse = func(u netproxy.SecretUse) { auditLog.SecretUse(u) }
 	}
 	if kb != nil {
-		opts.Backend = kb
 		// Replicas share the namespace: each sweeps again once a lease
 		// term, so a dead replica's pods go within two lease terms.
 		opts.SweepEvery = kube.DefaultLeaseDuration
-	} else {
-		opts.Client = cli
 	}
 	m, err := session.NewManager(ctx, opts)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // mcpgoRun initializes c and runs every tool kind through it, checking
@@ -140,7 +140,7 @@ func TestMCPGoStdio(t *testing.T) {
 	t.Cleanup(func() {
 		c.Close()
 		if id != "" {
-			testenv.RemoveLabelled(cli, engine.LabelSandbox, id)
+			testenv.RemoveLabelled(cli, docker.LabelSandbox, id)
 		}
 		if t.Failed() {
 			t.Logf("server stderr:\n%s", logs)
@@ -150,7 +150,7 @@ func TestMCPGoStdio(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
-	testenv.WaitNoContainers(t, cli, engine.LabelSandbox, id, 30*time.Second)
+	testenv.WaitNoContainers(t, cli, docker.LabelSandbox, id, 30*time.Second)
 }
 
 // TestMCPGoHTTP: mcp-go's streamable HTTP client, with the token in its
@@ -171,7 +171,7 @@ func TestMCPGoHTTP(t *testing.T) {
 		t.Errorf("close: %v", err)
 	}
 	// Removed by the DELETE, long before --idle-timeout.
-	testenv.WaitNoContainers(t, s.cli, engine.LabelSandbox, id, 30*time.Second)
+	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 30*time.Second)
 	if !strings.Contains(s.stderr.String(), "session deleted: its sandbox was removed") {
 		t.Errorf("no DELETE in the log")
 	}

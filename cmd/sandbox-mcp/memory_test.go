@@ -20,7 +20,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -229,8 +229,8 @@ func TestConcurrentLargeReadsStayInTheBound(t *testing.T) {
 			t.Logf("server stderr:\n%s", stderr)
 		}
 		if sandbox != "" {
-			testenv.WaitNoContainers(t, cli, engine.LabelSandbox, sandbox, 20*time.Second)
-			testenv.RemoveLabelled(cli, engine.LabelSandbox, sandbox)
+			testenv.WaitNoContainers(t, cli, docker.LabelSandbox, sandbox, 20*time.Second)
+			testenv.RemoveLabelled(cli, docker.LabelSandbox, sandbox)
 		}
 	})
 	c := newLineClient(stdout, stdin)

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // TestStdioSignalsWhileStoppingAreHarmless: clients end a stdio server by
@@ -93,7 +93,7 @@ func TestStdioSignalsWhileStoppingAreHarmless(t *testing.T) {
 			if !strings.Contains(stderr.String(), "sandbox removed") {
 				t.Errorf("the server exited without removing its sandbox")
 			}
-			testenv.WaitNoContainers(t, cli, engine.LabelSandbox, id, 30*time.Second)
+			testenv.WaitNoContainers(t, cli, docker.LabelSandbox, id, 30*time.Second)
 			return
 		case <-tick.C:
 			if err := cmd.Process.Signal(syscall.SIGTERM); err == nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
@@ -200,7 +200,7 @@ func TestWarmPoolFlag(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	var warm []string
 	for {
-		warm = testenv.Containers(t, s.cli, engine.LabelPID, pid)
+		warm = testenv.Containers(t, s.cli, docker.LabelPID, pid)
 		// Running is not ready: the pool takes the container once its
 		// agent has said hello, which the server logs.
 		if len(warm) == 1 && strings.Contains(warm[0], "running") && strings.Contains(s.stderr.String(), `msg="sandbox started"`) {
@@ -217,12 +217,12 @@ func TestWarmPoolFlag(t *testing.T) {
 	}
 	// The pool refills, and every container goes at exit (checked at cleanup).
 	deadline = time.Now().Add(60 * time.Second)
-	for len(testenv.Containers(t, s.cli, engine.LabelPID, pid)) != 2 {
+	for len(testenv.Containers(t, s.cli, docker.LabelPID, pid)) != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the pool did not refill")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.cs.Close()
-	testenv.WaitNoContainers(t, s.cli, engine.LabelPID, pid, 30*time.Second)
+	testenv.WaitNoContainers(t, s.cli, docker.LabelPID, pid, 30*time.Second)
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // testNetworkPool returns a /22 of the default pool for one test server, so
@@ -51,17 +51,17 @@ var ipv4Re = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
 // rules that name an address of its network pool.
 func leftByServer(t *testing.T, cli *client.Client, instance string, pool netip.Prefix) []string {
 	t.Helper()
-	left := testenv.Containers(t, cli, engine.LabelInstance, instance)
+	left := testenv.Containers(t, cli, docker.LabelInstance, instance)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelInstance+"="+instance)})
+	nets, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", docker.LabelInstance+"="+instance)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nets.Items {
 		left = append(left, "network "+n.Name)
 	}
-	out, _ := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).Output()
+	out, _ := exec.Command("nft", "list", "table", "inet", docker.FirewallTable).Output()
 	for _, line := range strings.Split(string(out), "\n") {
 		for _, a := range ipv4Re.FindAllString(line, -1) {
 			if addr, err := netip.ParseAddr(a); err == nil && pool.Contains(addr) {
@@ -76,10 +76,10 @@ func leftByServer(t *testing.T, cli *client.Client, instance string, pool netip.
 // cleanupServer removes what a server left behind, so that a failing test
 // leaves nothing either.
 func cleanupServer(cli *client.Client, instance string) {
-	testenv.RemoveLabelled(cli, engine.LabelInstance, instance)
+	testenv.RemoveLabelled(cli, docker.LabelInstance, instance)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nets, _ := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelInstance+"="+instance)})
+	nets, _ := cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", docker.LabelInstance+"="+instance)})
 	for _, n := range nets.Items {
 		cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{})
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // pipedServer is a stdio server whose stderr is a pipe the test can close,
@@ -69,7 +69,7 @@ func startPipedServer(t *testing.T, args ...string) *pipedServer {
 	pid := strconv.Itoa(s.cmd.Process.Pid)
 	t.Cleanup(func() {
 		s.cs.Close()
-		testenv.RemoveLabelled(s.cli, engine.LabelPID, pid)
+		testenv.RemoveLabelled(s.cli, docker.LabelPID, pid)
 		// A server that died leaves its networks (a later server sweeps
 		// them and their rules): remove them now.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,7 +101,7 @@ func (s *pipedServer) networks() []string {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := s.cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", engine.LabelPID+"="+strconv.Itoa(s.cmd.Process.Pid))})
+	res, err := s.cli.NetworkList(ctx, client.NetworkListOptions{Filters: make(client.Filters).Add("label", docker.LabelPID+"="+strconv.Itoa(s.cmd.Process.Pid))})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -114,9 +114,9 @@ func (s *pipedServer) networks() []string {
 
 // firewallRules returns the firewall rules that name network.
 func firewallRules(t *testing.T, network string) []string {
-	out, err := exec.Command("nft", "list", "table", "inet", engine.FirewallTable).CombinedOutput()
+	out, err := exec.Command("nft", "list", "table", "inet", docker.FirewallTable).CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "No such file") {
-		t.Fatalf("nft list table inet %s: %v %s", engine.FirewallTable, err, out)
+		t.Fatalf("nft list table inet %s: %v %s", docker.FirewallTable, err, out)
 	}
 	var rules []string
 	for _, l := range strings.Split(string(out), "\n") {
@@ -207,7 +207,7 @@ func TestStdioStderrClosed(t *testing.T) {
 			s.closeStderr()
 			tc.then(s)
 			s.waitExit()
-			if left := testenv.Containers(t, s.cli, engine.LabelSandbox, id); len(left) != 0 {
+			if left := testenv.Containers(t, s.cli, docker.LabelSandbox, id); len(left) != 0 {
 				t.Errorf("containers left: %v", left)
 			}
 			if left := s.networks(); len(left) != 0 {

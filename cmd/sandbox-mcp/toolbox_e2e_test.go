@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // TestToolboxWhatModelsRunFirst: the default image runs what models reach
@@ -32,8 +32,8 @@ func TestToolboxWhatModelsRunFirst(t *testing.T) {
 		} `json:"has"`
 		Lacks []string `json:"lacks"`
 	}
-	if err := json.Unmarshal([]byte(info.Config.Labels[engine.LabelToolbox]), &manifest); err != nil || len(manifest.Has) == 0 {
-		t.Fatalf("the image's manifest label %q: %v", info.Config.Labels[engine.LabelToolbox], err)
+	if err := json.Unmarshal([]byte(info.Config.Labels[docker.LabelToolbox]), &manifest); err != nil || len(manifest.Has) == 0 {
+		t.Fatalf("the image's manifest label %q: %v", info.Config.Labels[docker.LabelToolbox], err)
 	}
 	instr := s.cs.InitializeResult().Instructions
 	for _, e := range manifest.Has {

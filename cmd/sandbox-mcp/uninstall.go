@@ -16,7 +16,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
-	"github.com/sandbox-mcp/sandbox-mcp/session/engine"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
 // uninstallScope is what `sandbox-mcp uninstall` removes: everything that
@@ -34,7 +34,7 @@ type uninstallScope struct {
 
 // labelPrefix starts every label the project puts on containers, networks
 // and images (io.sandbox-mcp, io.sandbox-mcp.runtime, .source-hash, ...).
-const labelPrefix = engine.LabelManaged
+const labelPrefix = docker.LabelManaged
 
 // stateEntries are what a server makes in --state-dir; uninstall removes
 // these and the directory if nothing else is in it.
@@ -70,7 +70,7 @@ bin/; kubectl delete namespace removes a cluster's).
 		}
 		return 2
 	}
-	sc := uninstallScope{stateDir: *stateDir, table: engine.FirewallTable, force: *force, dryRun: *dryRun}
+	sc := uninstallScope{stateDir: *stateDir, table: docker.FirewallTable, force: *force, dryRun: *dryRun}
 	if *keepState {
 		sc.stateDir = ""
 	}
@@ -98,7 +98,7 @@ func uninstall(ctx context.Context, cli *client.Client, sc uninstallScope, w io.
 	}
 	var errs []error
 	filters := func() client.Filters {
-		f := make(client.Filters).Add("label", engine.LabelManaged+"=1")
+		f := make(client.Filters).Add("label", docker.LabelManaged+"=1")
 		if sc.label != "" {
 			f = f.Add("label", sc.label)
 		}
@@ -114,7 +114,7 @@ func uninstall(ctx context.Context, cli *client.Client, sc uninstallScope, w io.
 		var running []string
 		for _, c := range cs.Items {
 			if c.State == "running" {
-				running = append(running, c.ID[:12]+" (sandbox "+c.Labels[engine.LabelSandbox]+")")
+				running = append(running, c.ID[:12]+" (sandbox "+c.Labels[docker.LabelSandbox]+")")
 			}
 		}
 		if len(running) > 0 {
@@ -128,7 +128,7 @@ func uninstall(ctx context.Context, cli *client.Client, sc uninstallScope, w io.
 				continue
 			}
 		}
-		fmt.Fprintf(w, "%s container %s (sandbox %s, %s)\n", verb, c.ID[:12], c.Labels[engine.LabelSandbox], c.State)
+		fmt.Fprintf(w, "%s container %s (sandbox %s, %s)\n", verb, c.ID[:12], c.Labels[docker.LabelSandbox], c.State)
 	}
 
 	ns, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: filters()})
@@ -148,7 +148,7 @@ func uninstall(ctx context.Context, cli *client.Client, sc uninstallScope, w io.
 	errs = append(errs, uninstallImages(ctx, cli, sc, verb, w)...)
 
 	if sc.table != "" && !sc.dryRun {
-		if existed, err := engine.RemoveFirewallTable(sc.table); errors.Is(err, os.ErrPermission) {
+		if existed, err := docker.RemoveFirewallTable(sc.table); errors.Is(err, os.ErrPermission) {
 			// Only --network=allowlist makes the table, and it needs root
 			// too: a user who never ran it as root has none to remove.
 			fmt.Fprintf(w, "could not look for the nftables table inet %s (%v): if a server ran with --network=allowlist, run this again as root\n", sc.table, err)

@@ -9,7 +9,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/sandbox-mcp/sandbox-mcp/session/kube"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 )
 
 // TestRoleGrantsWhatTheBackendUses: the Role in rbac.yaml grants exactly

@@ -19,8 +19,13 @@
 //   - policy is pure: of this module it links only internal/errcode.
 //   - internal/ holds what several programs or packages share: a package
 //     only one command's packages import lives under cmd/NAME/internal/.
-//   - The backend seam (session/backend), which a second backend builds on,
-//     links no Docker package: Docker lives in session/engine.
+//   - The backend seam (session/backend), which every backend builds on,
+//     links no Docker package: Docker lives in its backend,
+//     session/backend/docker. The backends (session/backend/docker,
+//     session/backend/kube) are siblings: neither links the other.
+//   - session (the registry and the state machine) links no backend and no
+//     Docker package: main builds the backend and hands it over
+//     (Options.Backend).
 //   - The snapshot store (snapshot) and `sandbox-mcp snapshot`
 //     (cmd/sandbox-mcp/internal/snapshotcli) link neither session nor
 //     Docker: they work on the state directory with no engine at all.

@@ -178,6 +178,10 @@ var mustNotLink = []struct {
 		"the guard ends a session's sandbox through its Sessions interface"},
 	{module + "/cmd/sandbox-mcp/internal/httpguard", module + "/session",
 		"the guard checks requests; sandboxes are the tools' business"},
+	{module + "/session/backend/kube", module + "/session/backend/docker",
+		"the backends are siblings on the seam (session/backend): what both need belongs to the seam or to a package both import"},
+	{module + "/session/backend/docker", module + "/session/backend/kube",
+		"the backends are siblings on the seam (session/backend): what both need belongs to the seam or to a package both import"},
 }
 
 // mustNotImport lists, for a package, packages of this module it may not
@@ -236,7 +240,23 @@ func TestBackendSeamLinksNoDocker(t *testing.T) {
 	root := module + "/session/backend"
 	for _, p := range deps(t, root) {
 		if linksDocker(p) {
-			t.Errorf("%s links %s: the seam between a sandbox's life and what runs it is backend-neutral; Docker belongs in session/engine", root, p)
+			t.Errorf("%s links %s: the seam between a sandbox's life and what runs it is backend-neutral; Docker belongs in its backend, session/backend/docker", root, p)
+		}
+	}
+}
+
+// TestSessionLinksNoDocker: the registry and the state machine run any
+// backend; main builds the backends (cmd/sandbox-mcp docker.go and kube.go),
+// so session links neither the Docker backend nor the Docker client.
+func TestSessionLinksNoDocker(t *testing.T) {
+	root := module + "/session"
+	list := deps(t, root)
+	if !slices.Contains(list, module+"/session/backend") {
+		t.Fatalf("go list -deps %s does not list session/backend: the rule would check nothing", root)
+	}
+	for _, p := range list {
+		if linksDocker(p) || p == module+"/session/backend/docker" || p == module+"/session/backend/kube" {
+			t.Errorf("%s links %s: session is the registry and the state machine on the backend seam; main builds the backend (Options.Backend), and what session needs of one is an interface in session/backend", root, p)
 		}
 	}
 }

@@ -1,5 +1,5 @@
 // Package backend is the seam between a sandbox's life (package session) and
-// what runs it: Docker containers (package session/engine) today, other
+// what runs it: Docker containers (package session/backend/docker) today, other
 // backends (Kubernetes pods, a test's in-process agent) beside it.
 //
 // A backend starts instances: one sandbox's container or pod, the agent
@@ -136,4 +136,40 @@ type Limits struct {
 	NoFile         int64 // open files per process (soft and hard)
 	WorkspaceBytes int64 // size of /workspace
 	TmpBytes       int64 // size of /tmp
+}
+
+// Image is implemented by a backend that runs its instances from an image
+// it prepares itself (Docker's runtime image: the sandbox image with the
+// agent). The server reports it (doctor, the ready log) and reads the
+// image's toolbox manifest for its instructions; a backend without it
+// (Kubernetes pods get the agent from an init container) has nothing to
+// report.
+type Image interface {
+	// RuntimeImage is the tag of the image instances run, once prepared.
+	RuntimeImage() string
+	// AgentMountPath is the host path of the agent bind-mounted into
+	// instances, or "" when the runtime image holds it, once prepared.
+	AgentMountPath() string
+	// Toolbox is the sandbox image's toolbox manifest (JSON), or "" when
+	// the image has none or it cannot be read in 2 s.
+	Toolbox(ctx context.Context) string
+}
+
+// ReadOnlySeed is implemented by a backend that can bake a read-only
+// workspace's starting content into what its instances run (a read-only
+// workspace cannot be filled after the start). The server calls
+// SeedReadOnly at most once, before Prepare, with the content's digest and a
+// function returning independent readers of its tar stream; without it a
+// read-only workspace cannot start with content.
+type ReadOnlySeed interface {
+	SeedReadOnly(digest string, tar func() io.Reader)
+}
+
+// Leftovers is implemented by a backend that may leave objects behind
+// after a start gave up (an engine that finished a create its client had
+// abandoned): the server calls RemoveLeftovers once, after it removed
+// every instance and no Start runs any more, so that whatever carries this
+// server's mark is left over and goes.
+type Leftovers interface {
+	RemoveLeftovers(ctx context.Context) error
 }

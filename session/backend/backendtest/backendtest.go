@@ -2,8 +2,8 @@
 // checks, on a real backend, what backend.Backend and backend.Instance
 // promise, as containerd's snapshots/testsuite does for snapshotters. Each
 // backend's own tests call Run with a Harness (the in-process fake in
-// package session under -short, Docker in session/engine, Kubernetes in
-// session/kube on the test node); a new backend is ready when it passes.
+// package session under -short, Docker in session/backend/docker, Kubernetes in
+// session/backend/kube on the test node); a new backend is ready when it passes.
 //
 // The suite speaks the agent's protocol (agentproto) to the instances it
 // starts, as session does: an instance is alive when its agent answers a

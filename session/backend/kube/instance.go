@@ -6,10 +6,16 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
-// Sandbox is one running sandbox pod with the agent's exec stream open.
-type Sandbox struct {
+// Instance is one running sandbox pod with the agent's exec stream open:
+// the Kubernetes backend's backend.Instance. Cluster.Start makes it;
+// Backend.Start adds the sandbox's environment, which the agent's setup
+// delivers (the pod spec holds none of it), and the proxy credential,
+// which Remove gives back.
+type Instance struct {
 	name   string
 	c      *Cluster
 	stdin  *io.PipeWriter
@@ -21,30 +27,43 @@ type Sandbox struct {
 	done      chan struct{} // the exec stream ended
 	streamErr error         // why; set before done closes
 
+	env    []string // the sandbox's environment (AgentEnv)
+	revoke func()   // gives the proxy credential back; nil without one
+
 	removeErr error
 	removed   chan struct{}
 	removeMu  sync.Mutex
 }
 
+var (
+	_ backend.Instance = (*Instance)(nil)
+	_ backend.AgentEnv = (*Instance)(nil)
+)
+
 // Name is the pod's name.
-func (p *Sandbox) Name() string { return p.name }
+func (p *Instance) Name() string { return p.name }
 
 // Stdout is the agent's frames. It ends when the exec stream ends.
-func (p *Sandbox) Stdout() io.Reader { return p.stdout }
+func (p *Instance) Stdout() io.Reader { return p.stdout }
 
 // Stdin is the agent's input; closing it ends the agent, which then ends
 // the pod.
-func (p *Sandbox) Stdin() io.WriteCloser { return p.stdin }
+func (p *Instance) Stdin() io.WriteCloser { return p.stdin }
 
 // Done is closed when the agent's stream has ended.
-func (p *Sandbox) Done() <-chan struct{} { return p.done }
+func (p *Instance) Done() <-chan struct{} { return p.done }
+
+// AgentEnv is the sandbox's environment, proxy variables included, which
+// the pod spec does not hold.
+func (p *Instance) AgentEnv() []string { return p.env }
 
 // StderrTail is the last lines the agent wrote to its stderr, or "none".
-func (p *Sandbox) StderrTail() string { return p.stderr.tail() }
+func (p *Instance) StderrTail() string { return p.stderr.tail() }
 
-// Remove ends the stream and deletes the pod, and waits for the stream to
-// end. Safe to call more than once and concurrently.
-func (p *Sandbox) Remove(ctx context.Context) error {
+// Remove ends the stream and deletes the pod, waits for the stream to end,
+// and gives the proxy credential back. Safe to call more than once and
+// concurrently.
+func (p *Instance) Remove(ctx context.Context) error {
 	p.removeMu.Lock()
 	if p.removed == nil {
 		p.removed = make(chan struct{})
@@ -60,6 +79,9 @@ func (p *Sandbox) Remove(ctx context.Context) error {
 			<-p.done
 		}
 		p.cancel()
+		if p.revoke != nil {
+			p.revoke()
+		}
 		close(p.removed)
 		if p.removeErr != nil {
 			p.removeErr = apiError("delete sandbox pod "+p.name, p.removeErr)

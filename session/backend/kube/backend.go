@@ -111,7 +111,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 	// values and the secrets' placeholders: the pod spec, which anyone who
 	// may get pods reads and etcd keeps, gets none of it. The agent's setup
 	// request carries it (backend.AgentEnv).
-	sb, err := b.cfg.Cluster.Start(ctx, spec.Sandbox, Params{
+	inst, err := b.cfg.Cluster.Start(ctx, spec.Sandbox, Params{
 		Name: name, Image: b.cfg.Image, UID: spec.UID, GID: spec.GID,
 		WorkspaceBytes: spec.Limits.WorkspaceBytes, TmpBytes: spec.Limits.TmpBytes, ReadOnly: spec.ReadOnly,
 		Memory: spec.Limits.Memory, NanoCPUs: spec.Limits.NanoCPUs, Network: network,
@@ -120,25 +120,6 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 		revoke()
 		return nil, err
 	}
-	return &podInstance{Sandbox: sb, revoke: revoke, env: env}, nil
-}
-
-// podInstance is a Sandbox that gives its proxy credential back on Remove,
-// and whose environment the agent's setup delivers.
-type podInstance struct {
-	*Sandbox
-	revoke func()
-	env    []string
-}
-
-var _ backend.AgentEnv = (*podInstance)(nil)
-
-// AgentEnv is the sandbox's environment, proxy variables included, which
-// the pod spec does not hold.
-func (p *podInstance) AgentEnv() []string { return p.env }
-
-func (p *podInstance) Remove(ctx context.Context) error {
-	err := p.Sandbox.Remove(ctx)
-	p.revoke()
-	return err
+	inst.env, inst.revoke = env, revoke
+	return inst, nil
 }

@@ -168,7 +168,7 @@ func Pod(p Params) *corev1.Pod {
 			// to, and the NetworkPolicies drop packets to the cluster's
 			// resolver, so each lookup would wait out the C library's
 			// timeouts (10-20 s). Loopback, where nothing listens, refuses
-			// every query at once (see engine.ResolvConf).
+			// every query at once (see docker.ResolvConf).
 			DNSPolicy: corev1.DNSNone,
 			DNSConfig: &corev1.PodDNSConfig{Nameservers: []string{"127.0.0.1"}},
 			SecurityContext: &corev1.PodSecurityContext{

@@ -1,4 +1,4 @@
-// Package engine runs sandboxes as Docker containers: the sandbox backend
+// Package docker runs sandboxes as Docker containers: the sandbox backend
 // (see package session/backend) for a Docker engine. It holds everything
 // Docker: the engine calls the server makes, behind the narrow interface
 // Engine; the hardened container spec (a pure function, tested field by
@@ -7,9 +7,9 @@
 // rules that keep it off the host; the labels on every object; and the
 // sweep of what a server that is gone left behind.
 //
-// Package engine knows nothing of the agent's protocol, of snapshots or of
+// Package docker knows nothing of the agent's protocol, of snapshots or of
 // MCP.
-package engine
+package docker
 
 import (
 	"context"
@@ -341,6 +341,18 @@ func (d *Docker) probeMount(ctx context.Context, image, path string) error {
 		d.log.Warn("remove the agent probe container", "container", created.ID, "err", err)
 	}
 	return nil
+}
+
+var (
+	_ backend.Image        = (*Docker)(nil)
+	_ backend.ReadOnlySeed = (*Docker)(nil)
+	_ backend.Leftovers    = (*Docker)(nil)
+)
+
+// SeedReadOnly bakes a read-only workspace's content into the runtime
+// image (Config.Seed); call it before Prepare.
+func (d *Docker) SeedReadOnly(digest string, tar func() io.Reader) {
+	d.cfg.Seed = &Seed{Digest: digest, Tar: tar}
 }
 
 // RuntimeImage returns the tag of the image sandboxes run (after Prepare).

@@ -338,10 +338,10 @@ func ownerAnnotation() string {
 // Start creates a sandbox pod from p (its name, namespace, agent image,
 // pull policy, runtime class and labels completed from the Cluster's
 // config), waits until its sandbox container runs, and execs the agent.
-// The returned Pod's Stdout and Stdin are the agent's protocol stream. A
+// The returned Instance's Stdout and Stdin are the agent's protocol stream. A
 // pod that cannot start is deleted and reported as UNAVAILABLE with the
 // reason the cluster gave; the wait is bounded by Config.StartTimeout.
-func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Sandbox, error) {
+func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Instance, error) {
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
@@ -573,9 +573,9 @@ func apiError(what string, err error) error {
 }
 
 // execAgent starts the agent in the pod's sandbox container over
-// pods/exec (WebSocket, falling back to SPDY) and returns the Pod with the
+// pods/exec (WebSocket, falling back to SPDY) and returns the Instance with the
 // stream's ends.
-func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Sandbox, error) {
+func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Instance, error) {
 	req := c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(c.cfg.Namespace).Name(name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: SandboxContainer,
@@ -598,7 +598,7 @@ func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Sa
 	}
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	p := &Sandbox{
+	p := &Instance{
 		name: name, c: c,
 		stdin: inW, stdout: outR, stdinR: inR,
 		stderr: &tailWriter{},

@@ -1,4 +1,4 @@
-package engine
+package docker
 
 import (
 	"context"
@@ -111,14 +111,15 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 	return removed, nil
 }
 
-// Close removes what this server's sandboxes left on the engine: every
-// container and network that carries its instance label, and the firewall
-// rules it still keeps. The server calls it once, after it removed every
-// sandbox (and no Start runs any more), so whatever it finds is left over:
+// RemoveLeftovers removes what this server's sandboxes left on the engine:
+// every container and network that carries its instance label, and the
+// firewall rules it still keeps (backend.Leftovers). The server calls it
+// once, after it removed every sandbox (and no Start runs any more), so
+// whatever it finds is left over:
 // an object whose create the engine finished only after its start gave up
 // on it (see DefaultCreateGrace), or one whose removal failed. Each object
 // is logged; the error joins what could not be removed.
-func (d *Docker) Close(ctx context.Context) error {
+func (d *Docker) RemoveLeftovers(ctx context.Context) error {
 	var errs []error
 	list, err := d.cli.ContainerList(ctx, client.ContainerListOptions{
 		All:     true,

@@ -1,4 +1,4 @@
-package engine
+package docker
 
 import (
 	"context"
@@ -135,7 +135,7 @@ func TestStartCutAfterGrace(t *testing.T) {
 			if left := leftovers(t, cli, instance); len(left) != 1 {
 				t.Fatalf("the late create made %q, want one object", left)
 			}
-			if err := d.Close(context.Background()); err != nil {
+			if err := d.RemoveLeftovers(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			if left := leftovers(t, cli, instance); len(left) > 0 {

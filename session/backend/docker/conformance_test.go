@@ -1,4 +1,4 @@
-package engine
+package docker
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func TestBackendConformance(t *testing.T) {
 			if err := d.Prepare(context.Background(), func(backend.Step) {}); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { d.Close(context.Background()) })
+			t.Cleanup(func() { d.RemoveLeftovers(context.Background()) })
 			return d
 		},
 		Spec: backend.InstanceSpec{UID: 1000, GID: 1000, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
