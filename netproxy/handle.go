@@ -57,116 +57,37 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 		stop()
 		c.Close()
 	}()
-	sb := s.sb
-	d := Decision{Sandbox: sb.id}
+	d := Decision{Sandbox: s.sb.id}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		d.Client = ta.AddrPort().Addr().Unmap().WithZone("")
 	}
 
 	if !s.admits(d.Client) {
 		if s.strangers.Add(1) <= int64(p.cfg.MaxConns) {
-			p.refuse(c, &d, sb, &refusal{http.StatusForbidden, fmt.Sprintf(
+			p.refuse(c, &d, s.sb, &refusal{http.StatusForbidden, fmt.Sprintf(
 				"this proxy serves one sandbox, and %s is not its address", addrString(d.Client))})
 		}
 		s.strangers.Add(-1)
 		return
 	}
 
-	tooMany := &refusal{http.StatusTooManyRequests, fmt.Sprintf(
-		"this sandbox already has %d open connections to the proxy, the limit; close some and retry", p.cfg.MaxConns)}
-	var (
-		req *request
-		br  *bufio.Reader
-		ref *refusal
-	)
+	var a admitted
 	if s.shared {
-		// Who is asking is known only from the request's credential. Until
-		// then the connection is charged to its source address, under a
-		// bound of its own, with a short time to send its header; every
-		// answer given in this phase is given within it too. Then it takes
-		// the sandbox's slot.
-		if !s.pending.take(d.Client, p.cfg.MaxPendingPerAddr, p.cfg.MaxPending) {
-			return
-		}
-		pending := true
-		defer func() {
-			if pending {
-				s.pending.done(d.Client)
-			}
-		}()
-		authTimeout := min(p.cfg.AuthTimeout, p.cfg.HeaderTimeout)
-		req, br, ref = p.readRequest(c, authTimeout)
-		if req == nil && ref == nil {
-			return
-		}
-		if ref != nil {
-			if req != nil {
-				d.Host = truncate(req.target, maxLoggedHost)
-			}
-			p.refuseWithin(c, &d, sb, ref, authTimeout)
-			return
-		}
-		owner := p.byCredential(req.header)
-		if owner == nil {
-			d.Host = truncate(req.target, maxLoggedHost)
-			p.refuseWithin(c, &d, sb, errNoCredential, authTimeout, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
-			return
-		}
-		sb = owner
-		d.Sandbox = sb.id
-		s.pending.done(d.Client)
-		pending = false
-		if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
-			p.refuse(c, &d, sb, tooMany, "Retry-After", "1")
-			return
-		}
-		defer sb.release(&sb.conns)
+		a = p.admitShared(c, &d, s)
 	} else {
-		if !sb.acquire(&sb.conns, p.cfg.MaxConns) {
-			p.refuse(c, &d, sb, tooMany, "Retry-After", "1")
-			return
-		}
-		defer sb.release(&sb.conns)
-		req, br, ref = p.readRequest(c, p.cfg.HeaderTimeout)
-		if req == nil && ref == nil {
-			return // the client closed without sending anything, or Serve is ending
-		}
-		if ref == nil && !p.credentialOK(sb, req.header) {
-			d.Host = truncate(req.target, maxLoggedHost)
-			p.refuse(c, &d, sb, errNoCredential, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
-			return
-		}
+		a = p.admitOwn(c, &d, s.sb)
 	}
-	start := time.Now()
-	if ref != nil {
-		if req != nil {
-			d.Host = truncate(req.target, maxLoggedHost)
-		}
-		p.refuse(c, &d, sb, ref)
+	defer a.conn.release()
+	if a.conn == nil {
 		return
 	}
+	sb := a.sb
+	start := time.Now()
 	// Bytes the client sent after the header (e.g. an eager TLS ClientHello)
 	// belong to the tunnel.
-	early, _ := br.Peek(br.Buffered())
+	early, _ := a.br.Peek(a.br.Buffered())
 
-	up, ref, extra := p.decide(ctx, req, &d, sb)
-	intercept := ref == nil && p.secrets.intercepts(d.Normalized)
-	var upTLS *tls.Conn
-	var rawUp *meteredConn
-	if intercept {
-		// The real host's certificate is verified before the sandbox hears
-		// a 200: a failure is a 502, never a tunnel without the check.
-		rawUp = newMetered(up, new(atomic.Int64))
-		var err error
-		if upTLS, err = p.upstreamTLS(ctx, rawUp, d.Normalized); err != nil {
-			up.Close()
-			sb.release(&sb.tunnels)
-			ref = tlsRefusal(quote(d.Normalized+":"+strconv.Itoa(d.Port)), err)
-			if ctx.Err() != nil {
-				ref = shuttingDown
-			}
-		}
-	}
+	up, ref, extra := p.connect(ctx, a.req, &d, sb)
 	d.Duration = time.Since(start)
 	if ref != nil {
 		p.refuse(c, &d, sb, ref, extra...)
@@ -174,43 +95,13 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 	}
 	d.Allow, d.Status, d.Count = true, http.StatusOK, 1
 	d.Reason = "allowed by " + d.Rule
-	if intercept {
+	if up.tls != nil {
 		d.Reason += "; intercepted to add a secret"
 	}
 
 	stop() // from here on the tunnel closes c, recording why
-	cl := Close{Sandbox: sb.id, Host: d.Normalized, Port: d.Port, Addr: d.Addr}
-	tunnelStart := time.Now()
-	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		p.logDecision(&d)
-		up.Close()
-		cl.Reason = CloseError
-		if ctx.Err() != nil {
-			cl.Reason = CloseCtx
-		}
-		cl.Duration = time.Since(tunnelStart)
-		sb.release(&sb.tunnels)
-		p.logClose(&cl)
-		return
-	}
-	c.SetWriteDeadline(time.Time{})
-	if intercept {
-		p.logDecision(&d)
-		cl.Reason, cl.BytesUp, cl.BytesDown = p.serveIntercepted(ctx, c, early, upTLS, rawUp, &d, sb)
-		cl.Duration = time.Since(tunnelStart)
-		sb.release(&sb.tunnels)
-		p.logClose(&cl)
-		return
-	}
-
-	// A tunnel that is not intercepted must be TLS to the host it was
-	// allowed for, if it is TLS at all: the ClientHello's server name is
-	// checked against the CONNECT target, and what was read is replayed.
-	toUp, toClient, isTLS, ref, ended := p.checkHello(ctx, c, up, early, d.Normalized, tunnelStart)
+	cl, ref, isTLS := p.tunnel(ctx, c, up, early, &d, sb)
 	if ref != nil {
-		up.Close()
-		sb.release(&sb.tunnels)
 		d.Allow, d.Status, d.Reason, d.Count = false, ref.status, ref.reason, 0
 		p.recordRefusal(sb, &d)
 		if isTLS {
@@ -220,22 +111,208 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn, s *served) {
 		}
 		return
 	}
-	p.logDecision(&d)
+	p.logClose(&cl) // after tunnel freed the slot, so a caller that saw it can open another
+}
+
+// slot is one of a sandbox's counted places, a connection or a tunnel,
+// held from take until release. release is idempotent, and a nil slot's
+// does nothing, so a holder defers it and may still release early.
+type slot struct {
+	sb       *sandboxState
+	n        *int
+	released atomic.Bool
+}
+
+// take holds one unit of *n, or returns nil if *n is at limit.
+func (s *sandboxState) take(n *int, limit int) *slot {
+	if !s.acquire(n, limit) {
+		return nil
+	}
+	return &slot{sb: s, n: n}
+}
+
+func (s *slot) release() {
+	if s == nil || s.released.Swap(true) {
+		return
+	}
+	s.sb.release(s.n)
+}
+
+// admitted is a connection let in: the sandbox it is charged to, one of
+// whose connection slots it holds (nil if it was not let in), and the
+// request it sent.
+type admitted struct {
+	sb   *sandboxState
+	conn *slot
+	req  *request
+	br   *bufio.Reader
+}
+
+func (p *Proxy) tooManyConns() *refusal {
+	return &refusal{http.StatusTooManyRequests, fmt.Sprintf(
+		"this sandbox already has %d open connections to the proxy, the limit; close some and retry", p.cfg.MaxConns)}
+}
+
+// admitOwn admits a connection to a listener that serves one sandbox: its
+// slot first, then its request and the request's credential. It answers
+// what it refuses, holding the slot while it does.
+func (p *Proxy) admitOwn(c net.Conn, d *Decision, sb *sandboxState) (a admitted) {
+	conn := sb.take(&sb.conns, p.cfg.MaxConns)
+	if conn == nil {
+		p.refuse(c, d, sb, p.tooManyConns(), "Retry-After", "1")
+		return admitted{}
+	}
+	defer func() {
+		if a.conn == nil {
+			conn.release()
+		}
+	}()
+	req, br, ref := p.readRequest(c, p.cfg.HeaderTimeout)
+	switch {
+	case req == nil && ref == nil:
+		return admitted{} // the client closed without sending anything, or Serve is ending
+	case ref != nil:
+		if req != nil {
+			d.Host = truncate(req.target, maxLoggedHost)
+		}
+		p.refuse(c, d, sb, ref)
+		return admitted{}
+	case !p.credentialOK(sb, req.header):
+		d.Host = truncate(req.target, maxLoggedHost)
+		p.refuse(c, d, sb, errNoCredential, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
+		return admitted{}
+	}
+	return admitted{sb: sb, conn: conn, req: req, br: br}
+}
+
+// admitShared admits a connection to the shared listener, where who is
+// asking is known only from the request's credential: see authenticate.
+// Then the connection takes a slot of the sandbox the credential names.
+func (p *Proxy) admitShared(c net.Conn, d *Decision, s *served) admitted {
+	req, br, sb := p.authenticate(c, d, s)
+	if sb == nil {
+		return admitted{}
+	}
+	d.Sandbox = sb.id
+	conn := sb.take(&sb.conns, p.cfg.MaxConns)
+	if conn == nil {
+		p.refuse(c, d, sb, p.tooManyConns(), "Retry-After", "1")
+		return admitted{}
+	}
+	return admitted{sb: sb, conn: conn, req: req, br: br}
+}
+
+// authenticate reads a shared listener's request and returns the sandbox
+// its credential names, or nil after answering what it refuses. Until it
+// returns, the connection is charged to its source address, under a bound
+// of its own, with a short time to send its header; every answer given in
+// this phase is given within that time too.
+func (p *Proxy) authenticate(c net.Conn, d *Decision, s *served) (*request, *bufio.Reader, *sandboxState) {
+	if !s.pending.take(d.Client, p.cfg.MaxPendingPerAddr, p.cfg.MaxPending) {
+		return nil, nil, nil
+	}
+	defer s.pending.done(d.Client)
+	authTimeout := min(p.cfg.AuthTimeout, p.cfg.HeaderTimeout)
+	req, br, ref := p.readRequest(c, authTimeout)
+	if req == nil && ref == nil {
+		return nil, nil, nil
+	}
+	if ref != nil {
+		if req != nil {
+			d.Host = truncate(req.target, maxLoggedHost)
+		}
+		p.refuseWithin(c, d, s.sb, ref, authTimeout)
+		return nil, nil, nil
+	}
+	owner := p.byCredential(req.header)
+	if owner == nil {
+		d.Host = truncate(req.target, maxLoggedHost)
+		p.refuseWithin(c, d, s.sb, errNoCredential, authTimeout, "Proxy-Authenticate", `Basic realm="sandbox-mcp"`)
+		return nil, nil, nil
+	}
+	return req, br, owner
+}
+
+// upstream is an allowed request's connection to its host, with one of the
+// sandbox's tunnel slots held for it. close closes the connection and frees
+// the slot; it may be called more than once.
+type upstream struct {
+	conn net.Conn
+	raw  *meteredConn // intercepted: the metered connection under tls
+	tls  *tls.Conn    // intercepted: the session with the host, its certificate verified
+	slot *slot
+}
+
+func (u *upstream) close() {
+	u.conn.Close()
+	u.slot.release()
+}
+
+// connect decides a request and, if it is allowed, opens its upstream:
+// for a host the proxy intercepts, a TLS session whose certificate was
+// verified before the sandbox hears a 200 (a failure is a 502, never a
+// tunnel without the check). On a refusal it holds nothing.
+func (p *Proxy) connect(ctx context.Context, req *request, d *Decision, sb *sandboxState) (*upstream, *refusal, []string) {
+	up, ref, extra := p.decide(ctx, req, d, sb)
+	if ref != nil || !p.secrets.intercepts(d.Normalized) {
+		return up, ref, extra
+	}
+	up.raw = newMetered(up.conn, new(atomic.Int64))
+	var err error
+	if up.tls, err = p.upstreamTLS(ctx, up.raw, d.Normalized); err != nil {
+		up.close()
+		if ctx.Err() != nil {
+			return nil, shuttingDown, nil
+		}
+		return nil, tlsRefusal(quote(d.Normalized+":"+strconv.Itoa(d.Port)), err), nil
+	}
+	return up, nil, nil
+}
+
+// tunnel serves an allowed request from its 200 on. It closes the upstream
+// and frees its tunnel slot before it returns, so the caller records the
+// close once the slot is free. A refusal is one given after the 200 (the
+// ClientHello names another host), isTLS whether the client spoke TLS.
+func (p *Proxy) tunnel(ctx context.Context, c net.Conn, up *upstream, early []byte, d *Decision, sb *sandboxState) (cl Close, ref *refusal, isTLS bool) {
+	defer up.close()
+	cl = Close{Sandbox: sb.id, Host: d.Normalized, Port: d.Port, Addr: d.Addr}
+	start := time.Now()
+	defer func() { cl.Duration = time.Since(start) }()
+	c.SetWriteDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		p.logDecision(d)
+		cl.Reason = CloseError
+		if ctx.Err() != nil {
+			cl.Reason = CloseCtx
+		}
+		return cl, nil, false
+	}
+	c.SetWriteDeadline(time.Time{})
+	if up.tls != nil {
+		p.logDecision(d)
+		cl.Reason, cl.BytesUp, cl.BytesDown = p.serveIntercepted(ctx, c, early, up.tls, up.raw, d, sb)
+		return cl, nil, false
+	}
+
+	// A tunnel that is not intercepted must be TLS to the host it was
+	// allowed for, if it is TLS at all: the ClientHello's server name is
+	// checked against the CONNECT target, and what was read is replayed.
+	toUp, toClient, isTLS, ref, ended := p.checkHello(ctx, c, up.conn, early, d.Normalized, start)
+	if ref != nil {
+		return cl, ref, isTLS
+	}
+	p.logDecision(d)
 	if ended != "" {
 		// Nothing came from either side before the tunnel's idle time or
 		// lifetime ran out, or Serve is ending.
-		up.Close()
-		cl.Reason, cl.Duration = ended, time.Since(tunnelStart)
-		sb.release(&sb.tunnels)
-		p.logClose(&cl)
-		return
+		cl.Reason = ended
+		return cl, nil, false
 	}
-	t := newTunnel(c, up, p.cfg.IdleTimeout, p.cfg.MaxLifetime)
-	t.start = tunnelStart
+	t := newTunnel(c, up.conn, p.cfg.IdleTimeout, p.cfg.MaxLifetime)
+	t.start = start
 	cl.Reason = t.run(ctx, toUp, toClient)
-	cl.BytesUp, cl.BytesDown, cl.Duration = t.up, t.down, time.Since(t.start)
-	sb.release(&sb.tunnels) // before the record, so a caller that saw it can open another
-	p.logClose(&cl)
+	cl.BytesUp, cl.BytesDown = t.up, t.down
+	return cl, nil, false
 }
 
 // request is a parsed request line and header.
@@ -326,9 +403,10 @@ func readLine(br *bufio.Reader) (string, error) {
 }
 
 // decide checks a request and, if it is allowed, returns the upstream
-// connection with one of the sandbox's tunnel slots held for it. It fills d
+// connection with one of the sandbox's tunnel slots held for it (and on a
+// refusal holds none). It fills d
 // as it goes. extra holds response headers for a refusal.
-func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandboxState) (up net.Conn, ref *refusal, extra []string) {
+func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandboxState) (up *upstream, ref *refusal, extra []string) {
 	d.Host = truncate(req.target, maxLoggedHost)
 	if ok, wait := sb.allow(time.Now()); !ok {
 		return nil, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
@@ -367,14 +445,15 @@ func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandb
 	}
 	d.Rule = rule
 
-	if !sb.acquire(&sb.tunnels, p.cfg.MaxTunnels) {
+	tun := sb.take(&sb.tunnels, p.cfg.MaxTunnels)
+	if tun == nil {
 		return nil, &refusal{http.StatusTooManyRequests, fmt.Sprintf(
 			"this sandbox already has %d open tunnels, the limit; close some connections and retry", p.cfg.MaxTunnels),
 		}, []string{"Retry-After", "1"}
 	}
 	defer func() {
 		if ref != nil {
-			sb.release(&sb.tunnels)
+			tun.release()
 		}
 	}()
 
@@ -383,11 +462,11 @@ func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandb
 		return nil, ref, nil
 	}
 	d.Addr = addr
-	up, err := p.dial(ctx, addr, t.port)
+	conn, err := p.dial(ctx, addr, t.port)
 	if err != nil {
 		return nil, p.dialRefusal(ctx, err, hostport, addr), nil
 	}
-	return up, nil, nil
+	return &upstream{conn: conn, slot: tun}, nil, nil
 }
 
 // resolve looks the name up once and checks every answer. Policy for mixed

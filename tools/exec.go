@@ -158,43 +158,77 @@ func (d *Deps) checkExec(in ExecIn) (execReq, error) {
 	return req, nil
 }
 
+// program is what a command runs as, as the sandbox answered once: the
+// argv the agent runs, the program argv[0] must resolve to there, and the
+// resolved allowlist the policy decides on.
+type program struct {
+	argv    []string
+	shell   string            // a command line: the name of the shell it runs through
+	path    string            // what argv[0] resolves to; "" when not found, or not looked up (no allowlist, argv)
+	allowed map[string]string // the resolved allowlist, when the policy has one
+}
+
+// findProgram asks the sandbox what in would run, each question once: for
+// a command line its shell, for argv under an allowlist the program
+// argv[0] resolves to, and, under an allowlist, the allowlist resolved.
+// Nothing is asked again after the policy decided on the answer (decide):
+// the exec that follows runs the very path decided on (ExecRequest.Program),
+// so the agent does not resolve argv[0] a second time.
+func findProgram(ctx context.Context, sb Sandbox, p policy.Policy, in execReq) (program, error) {
+	pr := program{argv: in.Argv}
+	var err error
+	switch {
+	case in.Command != "":
+		// The image's bash, else its sh, runs the line.
+		if pr.shell, pr.path, err = sb.Shell(ctx); err != nil {
+			return pr, err
+		}
+		pr.argv = []string{pr.shell, "-c", in.Command}
+	case p.NeedsResolve():
+		paths, err := sb.Resolve(ctx, in.Argv[:1], in.Cwd)
+		if err != nil {
+			return pr, err
+		}
+		if len(paths) != 1 {
+			return pr, fmt.Errorf("tools: the sandbox resolved %d names for 1", len(paths))
+		}
+		pr.path = paths[0]
+	}
+	if p.NeedsResolve() {
+		if pr.allowed, err = sb.AllowedPrograms(ctx); err != nil {
+			return pr, err
+		}
+	}
+	return pr, nil
+}
+
+// decide is the policy's decision on the program found: pure, made on the
+// one answer findProgram got.
+func (pr program) decide(p policy.Policy, in execReq) policy.Decision {
+	switch {
+	case in.Command != "":
+		return p.CheckShell(pr.shell, pr.path, pr.allowed)
+	case p.NeedsResolve():
+		return p.CheckProgram(in.Argv[0], pr.path, pr.allowed)
+	}
+	return p.CanExec()
+}
+
 func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.CallToolResult, ExecOut, error) {
 	out := ExecOut{Sandbox: sb.ID()}
 	p := d.Policy
 	cwd, env, timeout, mistake := in.Cwd, in.env, in.timeout, in.mistake
 
-	argv, label := in.Argv, strings.Join(in.Argv, " ")
-	program := ""
+	pr, err := findProgram(ctx, sb, p, in)
+	if err != nil {
+		return nil, out, err
+	}
+	if dec := pr.decide(p, in); !dec.Allow {
+		return nil, out, dec.Err()
+	}
+	label := strings.Join(in.Argv, " ")
 	if in.Command != "" {
 		label = in.Command
-		// The image's bash, else its sh, runs the line.
-		shell, resolved, err := sb.Shell(ctx)
-		if err != nil {
-			return nil, out, err
-		}
-		var allowed map[string]string
-		if p.NeedsResolve() {
-			if allowed, err = sb.AllowedPrograms(ctx); err != nil {
-				return nil, out, err
-			}
-		}
-		if dec := p.CheckShell(shell, resolved, allowed); !dec.Allow {
-			return nil, out, dec.Err()
-		}
-		argv, program = []string{shell, "-c", in.Command}, resolved
-	} else if p.NeedsResolve() {
-		resolved, err := sb.Resolve(ctx, in.Argv[:1], cwd)
-		if err != nil {
-			return nil, out, err
-		}
-		allowed, err := sb.AllowedPrograms(ctx)
-		if err != nil {
-			return nil, out, err
-		}
-		if dec := p.CheckProgram(in.Argv[0], resolved[0], allowed); !dec.Allow {
-			return nil, out, dec.Err()
-		}
-		program = resolved[0]
 	}
 	if len(label) > maxLabel {
 		cut := maxLabel
@@ -208,7 +242,7 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		stdin = []byte(in.Stdin)
 	}
 	req := session.ExecRequest{
-		Argv: argv, Program: program, Cwd: cwd, Env: env, Stdin: stdin,
+		Argv: pr.argv, Program: pr.path, Cwd: cwd, Env: env, Stdin: stdin,
 		Timeout: timeout, MaxOutput: p.MaxOutputBytes, Background: in.Background, Label: label,
 	}
 	if !in.Background {

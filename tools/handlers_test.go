@@ -583,3 +583,72 @@ func TestSnapshotListMakesNoSandbox(t *testing.T) {
 		}
 	}
 }
+
+// TestExecResolvesOnce: a call asks the sandbox what would run once, the
+// policy decides on that answer, and the exec runs the path decided on
+// with nothing asked in between.
+func TestExecResolvesOnce(t *testing.T) {
+	allowlist := func(p *policy.Policy) { p.Exec, p.AllowCmds = policy.ExecAllowlist, []string{"echo", "bash"} }
+	for _, tc := range []struct {
+		name   string
+		policy func(*policy.Policy)
+		args   map[string]any
+		want   []string
+	}{
+		{"argv", nil, map[string]any{"argv": []string{"echo", "hi"}},
+			[]string{`Exec ["echo" "hi"] cwd=. env=[] timeout=1m0s program="" stdin=""`}},
+		{"command", nil, map[string]any{"command": "echo hi"},
+			[]string{"Shell", `Exec ["bash" "-c" "echo hi"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`}},
+		{"argv under an allowlist", allowlist, map[string]any{"argv": []string{"echo", "hi"}},
+			[]string{`Resolve ["echo"]`, "AllowedPrograms", `Exec ["echo" "hi"] cwd=. env=[] timeout=1m0s program="/usr/bin/echo" stdin=""`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newFakeRig(t, tc.policy)
+			if res := r.call(NameExec, tc.args); res.IsError {
+				t.Fatalf("error: %s", text(res))
+			}
+			if calls := r.f.made(); !slices.Equal(calls, append([]string{"Sandbox"}, tc.want...)) {
+				t.Errorf("calls %q, want Sandbox then %q", calls, tc.want)
+			}
+		})
+	}
+}
+
+// TestProgramDecide: the policy's decision on what the sandbox answered,
+// without a sandbox.
+func TestProgramDecide(t *testing.T) {
+	allow, deny := policy.Default(), policy.Default()
+	deny.Exec = policy.ExecDeny
+	list := policy.Default()
+	list.Exec, list.AllowCmds = policy.ExecAllowlist, []string{"echo", "bash"}
+	allowed := map[string]string{"/usr/bin/echo": "echo", "/usr/bin/bash": "bash"}
+	argv := func(a ...string) execReq { return execReq{ExecIn: ExecIn{Argv: a}} }
+	line := execReq{ExecIn: ExecIn{Command: "echo hi"}}
+	for _, tc := range []struct {
+		name string
+		p    policy.Policy
+		pr   program
+		in   execReq
+		want string // "" allowed, else the refusal's code
+	}{
+		{"argv, no allowlist", allow, program{}, argv("rm"), ""},
+		{"argv, exec denied", deny, program{}, argv("echo"), "POLICY_DENIED"},
+		{"argv on the allowlist", list, program{path: "/usr/bin/echo", allowed: allowed}, argv("echo"), ""},
+		{"argv resolving off the allowlist", list, program{path: "/tmp/echo", allowed: allowed}, argv("echo"), "POLICY_DENIED"},
+		{"argv not found", list, program{allowed: allowed}, argv("echo"), "POLICY_DENIED"},
+		{"line, no allowlist", allow, program{shell: "sh", path: "/bin/sh"}, line, ""},
+		{"line, no shell", allow, program{shell: "bash"}, line, "NOT_FOUND"},
+		{"line, shell on the allowlist", list, program{shell: "bash", path: "/usr/bin/bash", allowed: allowed}, line, ""},
+		{"line, shell off the allowlist", list, program{shell: "sh", path: "/bin/sh", allowed: allowed}, line, "POLICY_DENIED"},
+	} {
+		dec := tc.pr.decide(tc.p, tc.in)
+		got := ""
+		if !dec.Allow {
+			e, _ := errcode.As(dec.Err())
+			got = string(e.Code)
+		}
+		if got != tc.want {
+			t.Errorf("%s: %q (%v), want %q", tc.name, got, dec.Err(), tc.want)
+		}
+	}
+}

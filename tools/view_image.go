@@ -3,6 +3,7 @@ package tools
 import (
 	"bytes"
 	"context"
+	"errors"
 	"image"
 	_ "image/gif" // image.DecodeConfig reads the types sandbox_view_image takes
 	_ "image/jpeg"
@@ -86,12 +87,11 @@ func (d *Deps) viewImage(ctx context.Context, c *call, sb Sandbox, in ViewImageI
 	cfg, format, err := image.DecodeConfig(bytes.NewReader(res.Data))
 	mime := imageMIME[format]
 	if err != nil || mime == "" || cfg.Width <= 0 || cfg.Height <= 0 {
-		why := "no width and height"
-		if err != nil {
-			why = err.Error()
+		if err == nil {
+			err = errors.New("no width and height")
 		}
 		return nil, out, errcode.Errorf(errcode.InvalidArgument,
-			"%s starts like a %s image but its header does not decode (%s): it is cut short or damaged; make it again, or check it with `file %s` in sandbox_exec", rel, imageType(res.Data), why, rel)
+			"%s starts like a %s image but its header does not decode (%w): it is cut short or damaged; make it again, or check it with `file %s` in sandbox_exec", rel, imageType(res.Data), err, rel)
 	}
 	if px := int64(cfg.Width) * int64(cfg.Height); px > d.Policy.MaxImagePixels {
 		return nil, out, errcode.Errorf(errcode.TooLarge,

@@ -99,7 +99,7 @@ func (d *Deps) checkWrite(in WriteIn) (writeReq, error) {
 	case "base64":
 		size, err := base64Size(in.Content)
 		if err != nil {
-			return writeReq{}, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%v); send standard base64 with padding, or text with encoding utf-8", err)
+			return writeReq{}, errcode.Errorf(errcode.InvalidArgument, "content is not valid base64 (%w); send standard base64 with padding, or text with encoding utf-8", err)
 		}
 		req.size, req.base64 = size, true
 	default:
