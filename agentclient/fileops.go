@@ -50,12 +50,12 @@ func (c *Conn) EditFile(ctx context.Context, path string, edits []Edit, maxFile 
 		// One edit goes in the form every version of the agent reads.
 		req.OldSize, req.NewSize, req.ReplaceAll, req.Edits = req.Edits[0].OldSize, req.Edits[0].NewSize, req.Edits[0].ReplaceAll, nil
 	}
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindEdit, req,
-		func(p *pending) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindEdit, body: req, timeout: opTimeout,
+		input: func(p *pending) error {
 			return c.sendFrom(p, io.MultiReader(texts...), size)
 		},
-		nil,
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
@@ -63,14 +63,16 @@ func (c *Conn) EditFile(ctx context.Context, path string, edits []Edit, maxFile 
 				return fmt.Errorf("%w: edit result out of bounds: %+v", errProtocol, res)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
 func (c *Conn) Delete(ctx context.Context, path string, recursive bool) (DeleteResult, error) {
 	var res DeleteResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindDelete, agentproto.DeleteRequest{Path: path, Recursive: recursive}, nil, nil,
-		func(f agentproto.Frame) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindDelete, body: agentproto.DeleteRequest{Path: path, Recursive: recursive}, timeout: opTimeout,
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
@@ -78,14 +80,16 @@ func (c *Conn) Delete(ctx context.Context, path string, recursive bool) (DeleteR
 				return fmt.Errorf("%w: delete result out of bounds: %+v", errProtocol, res)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
 func (c *Conn) Move(ctx context.Context, from, to string, overwrite bool) (MoveResult, error) {
 	var res MoveResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindMove, agentproto.MoveRequest{From: from, To: to, Overwrite: overwrite}, nil, nil,
-		func(f agentproto.Frame) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindMove, body: agentproto.MoveRequest{From: from, To: to, Overwrite: overwrite}, timeout: opTimeout,
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
@@ -93,7 +97,8 @@ func (c *Conn) Move(ctx context.Context, from, to string, overwrite bool) (MoveR
 				return fmt.Errorf("%w: move result out of bounds", errProtocol)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 

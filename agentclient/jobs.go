@@ -51,15 +51,16 @@ func (c *Conn) Job(ctx context.Context, req agentproto.JobRequest) (JobResult, e
 	var res JobResult
 	var got int64
 	timeout := time.Duration(req.WaitMillis)*time.Millisecond + opTimeout
-	err := c.roundTripStreams(ctx, timeout, agentproto.KindJob, req,
-		func(stream int, p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindJob, body: req, timeout: timeout,
+		onStream: func(stream int, p []byte) error {
 			if got += int64(len(p)); got > req.Max {
 				return fmt.Errorf("%w: a job read returned more than the %d bytes asked for", errProtocol, req.Max)
 			}
 			res.Out[stream] = append(res.Out[stream], p...)
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res.Status); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
@@ -70,15 +71,17 @@ func (c *Conn) Job(ctx context.Context, req agentproto.JobRequest) (JobResult, e
 			}
 			res.From = [2]int64{st.StdoutFrom, st.StderrFrom}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
 // Jobs lists the agent's jobs; it keeps at most limit.
 func (c *Conn) Jobs(ctx context.Context, limit int) ([]JobInfo, error) {
 	var out agentproto.JobList
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindJobs, agentproto.JobsRequest{}, nil, nil,
-		func(f agentproto.Frame) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindJobs, body: agentproto.JobsRequest{}, timeout: opTimeout,
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&out); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
@@ -91,6 +94,7 @@ func (c *Conn) Jobs(ctx context.Context, limit int) ([]JobInfo, error) {
 				}
 			}
 			return nil
-		})
+		},
+	})
 	return out.Jobs, err
 }

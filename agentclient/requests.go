@@ -373,8 +373,9 @@ func (c *Conn) Read(ctx context.Context, req agentproto.ReadRequest) (ReadResult
 		limit = req.Length
 	}
 	buf := make([]byte, 0, min(limit, agentproto.ChunkSize))
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead, req, nil,
-		func(p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindRead, body: req, timeout: opTimeout,
+		onData: func(p []byte) error {
 			if int64(len(buf)+len(p)) > limit {
 				return fmt.Errorf("%w: read returned more than the %d bytes asked for", errProtocol, limit)
 			}
@@ -386,7 +387,7 @@ func (c *Conn) Read(ctx context.Context, req agentproto.ReadRequest) (ReadResult
 			buf = append(buf, p...)
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.ReadResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -398,7 +399,8 @@ func (c *Conn) Read(ctx context.Context, req agentproto.ReadRequest) (ReadResult
 			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated, Offset: r.Offset, End: r.End,
 				StartLine: r.StartLine, EndLine: r.EndLine, TotalLines: r.TotalLines, Scanned: r.Scanned, Cuts: r.Cuts}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
@@ -436,21 +438,21 @@ type WriteResult struct {
 func (c *Conn) WriteFile(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (WriteResult, error) {
 	var res WriteResult
 	var inErr error
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindWrite,
-		agentproto.WriteRequest{Path: path, Append: appendTo, Mode: mode, Size: size},
-		func(p *pending) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindWrite, body: agentproto.WriteRequest{Path: path, Append: appendTo, Mode: mode, Size: size}, timeout: opTimeout,
+		input: func(p *pending) error {
 			inErr = c.sendFrom(p, r, size)
 			return inErr
 		},
-		nil,
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.WriteResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			res = WriteResult{Written: r.Written, Size: r.Size}
 			return nil
-		})
+		},
+	})
 	// roundTrip waited for the input to be sent, so inErr is set.
 	var local errLocal
 	if errors.As(inErr, &local) {
@@ -518,9 +520,9 @@ func (c *Conn) List(ctx context.Context, path string, o ListOptions) (ListResult
 	var got int64
 	maxEntries := o.MaxEntries
 	maxBytes := policy.ListBytes(maxEntries)
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindList,
-		agentproto.ListRequest{Path: path, Recursive: o.Recursive, Max: maxEntries, Pattern: o.Pattern, Prune: o.Prune, MaxScan: o.MaxScan}, nil,
-		func(p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindList, body: agentproto.ListRequest{Path: path, Recursive: o.Recursive, Max: maxEntries, Pattern: o.Pattern, Prune: o.Prune, MaxScan: o.MaxScan}, timeout: opTimeout,
+		onData: func(p []byte) error {
 			// One JSON line per entry, each in one frame.
 			for len(p) > 0 {
 				line, rest, _ := bytes.Cut(p, []byte{'\n'})
@@ -539,7 +541,7 @@ func (c *Conn) List(ctx context.Context, path string, o ListOptions) (ListResult
 			}
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.ListResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -549,7 +551,8 @@ func (c *Conn) List(ctx context.Context, path string, o ListOptions) (ListResult
 			}
 			res.Truncated, res.Scanned = r.Truncated, r.Scanned
 			return nil
-		})
+		},
+	})
 	if errors.Is(err, errListFull) {
 		res.Truncated = true
 		return res, nil
@@ -571,8 +574,9 @@ func validEntry(e Entry) bool {
 // agentproto.ResolveRequest).
 func (c *Conn) Resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
 	var out []string
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindResolve, agentproto.ResolveRequest{Names: names, Cwd: cwd}, nil, nil,
-		func(f agentproto.Frame) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindResolve, body: agentproto.ResolveRequest{Names: names, Cwd: cwd}, timeout: opTimeout,
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.ResolveResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -582,7 +586,8 @@ func (c *Conn) Resolve(ctx context.Context, names []string, cwd string) ([]strin
 			}
 			out = r.Paths
 			return nil
-		})
+		},
+	})
 	return out, err
 }
 
@@ -591,8 +596,9 @@ func (c *Conn) Resolve(ctx context.Context, names []string, cwd string) ([]strin
 func (c *Conn) Snapshot(ctx context.Context, w io.Writer, lim agentproto.Limits) (agentproto.SnapshotResult, error) {
 	var res agentproto.SnapshotResult
 	var n int64
-	err := c.roundTrip(ctx, bulkTimeout, agentproto.KindSnapshot, agentproto.SnapshotRequest{Limits: lim}, nil,
-		func(p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindSnapshot, body: agentproto.SnapshotRequest{Limits: lim}, timeout: bulkTimeout,
+		onData: func(p []byte) error {
 			n += int64(len(p))
 			if lim.MaxBytes > 0 && n > lim.MaxBytes {
 				return fmt.Errorf("%w: snapshot stream exceeds %d bytes", errProtocol, lim.MaxBytes)
@@ -602,20 +608,22 @@ func (c *Conn) Snapshot(ctx context.Context, w io.Writer, lim agentproto.Limits)
 			}
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
 // Restore replaces the workspace with the tar stream in data.
 func (c *Conn) Restore(ctx context.Context, data io.Reader, lim agentproto.Limits) (agentproto.RestoreResult, error) {
 	var res agentproto.RestoreResult
-	err := c.roundTrip(ctx, bulkTimeout, agentproto.KindRestore, agentproto.RestoreRequest{Limits: lim},
-		func(p *pending) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindRestore, body: agentproto.RestoreRequest{Limits: lim}, timeout: bulkTimeout,
+		input: func(p *pending) error {
 			buf := make([]byte, agentproto.ChunkSize)
 			for {
 				n, err := data.Read(buf)
@@ -631,13 +639,14 @@ func (c *Conn) Restore(ctx context.Context, data io.Reader, lim agentproto.Limit
 					return errLocal{err}
 				}
 			}
-		}, nil,
-		func(f agentproto.Frame) error {
+		},
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
@@ -648,25 +657,33 @@ type errLocal struct{ err error }
 func (e errLocal) Error() string { return e.err.Error() }
 func (e errLocal) Unwrap() error { return e.err }
 
-// roundTrip runs one request that is not exec: send it (and its input, via
-// sendInput), pass data payloads to onData, and decode the result frame with
-// onResult. A protocol violation ends the connection. When ctx ends or the
-// timeout passes, the agent is told to cancel.
-func (c *Conn) roundTrip(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
-	sendInput func(*pending) error, onData func([]byte) error, onResult func(agentproto.Frame) error) error {
-	return c.roundTripAll(ctx, timeout, kind, body, sendInput, onData, nil, onResult)
+// request is one request that is not exec, and what to do with each frame
+// of its answer. The callbacks but onResult are optional: a frame of a kind
+// whose callback is nil breaks the protocol.
+type request struct {
+	kind agentproto.Kind
+	body any
+	// timeout bounds the request (the caller's deadline, when sooner,
+	// comes first); past it the agent is told to cancel.
+	timeout time.Duration
+	// input sends the request's input (data frames and eof), beside the
+	// reading of its answer; the round trip waits for it to return.
+	input func(*pending) error
+	// onData takes the payload of each data frame.
+	onData func([]byte) error
+	// onStream takes the payload of each stdout (0) or stderr (1) frame.
+	onStream func(stream int, p []byte) error
+	// onResult decodes and checks the result frame, which ends the request.
+	// An error from it is a protocol violation.
+	onResult func(agentproto.Frame) error
 }
 
-// roundTripStreams is roundTrip for a request answered with stdout and
-// stderr frames (stream 0 and 1) instead of data frames.
-func (c *Conn) roundTripStreams(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
-	onStream func(int, []byte) error, onResult func(agentproto.Frame) error) error {
-	return c.roundTripAll(ctx, timeout, kind, body, nil, nil, onStream, onResult)
-}
-
-func (c *Conn) roundTripAll(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
-	sendInput func(*pending) error, onData func([]byte) error, onStream func(int, []byte) error,
-	onResult func(agentproto.Frame) error) error {
+// roundTrip runs r: send it (and its input), pass the answer's frames to
+// its callbacks, until the result or an error frame. A protocol violation
+// ends the connection. When ctx ends or the timeout passes, the agent is
+// told to cancel.
+func (c *Conn) roundTrip(ctx context.Context, r request) error {
+	kind, timeout := r.kind, r.timeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl).Round(time.Millisecond), 0) // for the message: the caller's deadline comes first
 	}
@@ -674,14 +691,14 @@ func (c *Conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 	defer cancel()
 	// The agent gets the same deadline: past it the server has given up,
 	// and the agent stops too.
-	p, err := c.open(ctx, kind, body)
+	p, err := c.open(ctx, kind, r.body)
 	if err != nil {
 		return unavailable(err)
 	}
 	defer c.close(p)
-	if sendInput != nil {
+	if r.input != nil {
 		inErr := make(chan error, 1)
-		go func() { inErr <- sendInput(p) }()
+		go func() { inErr <- r.input(p) }()
 		defer func() {
 			if err := <-inErr; err != nil && !errors.As(err, new(errLocal)) {
 				c.log.Debug("sending request input", "err", err)
@@ -702,21 +719,21 @@ func (c *Conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 		}
 		switch f.Kind {
 		case agentproto.KindData:
-			if onData == nil {
+			if r.onData == nil {
 				err = fmt.Errorf("%w: data frame in answer to %s", errProtocol, kind)
 			} else {
-				err = onData(f.Payload)
+				err = r.onData(f.Payload)
 			}
 		case agentproto.KindStdout, agentproto.KindStderr:
-			if onStream == nil {
+			if r.onStream == nil {
 				err = fmt.Errorf("%w: %s frame in answer to %s", errProtocol, f.Kind, kind)
 			} else if f.Kind == agentproto.KindStdout {
-				err = onStream(0, f.Payload)
+				err = r.onStream(0, f.Payload)
 			} else {
-				err = onStream(1, f.Payload)
+				err = r.onStream(1, f.Payload)
 			}
 		case agentproto.KindResult:
-			if err := onResult(f); err != nil {
+			if err := r.onResult(f); err != nil {
 				c.Fail(err)
 				return unavailable(c.Err())
 			}

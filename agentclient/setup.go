@@ -11,12 +11,14 @@ import (
 // environment (see agentproto.SetupRequest), before any command runs.
 func (c *Conn) Setup(ctx context.Context, req agentproto.SetupRequest) (agentproto.SetupResult, error) {
 	var res agentproto.SetupResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindSetup, req, nil, nil,
-		func(f agentproto.Frame) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindSetup, body: req, timeout: opTimeout,
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
