@@ -250,6 +250,17 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 		{"data in answer to a resolve", resolve, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, []byte("/bin/ls"))
 		}, "data frame in answer to resolve"},
+		// A request without onStream (a read) takes no stdout; one without
+		// onData (a job read) takes no data: see request.
+		{"stdout in answer to a read", read, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindStdout, nil, []byte("x"))
+		}, "stdout frame in answer to read"},
+		{"data in answer to a job read", func(c *Conn) error {
+			_, err := c.Job(ctxFor(t), agentproto.JobRequest{Job: 1, Max: 10})
+			return err
+		}, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindData, nil, []byte("x"))
+		}, "data frame in answer to job"},
 		{"a result in answer to a ping", func(c *Conn) error {
 			// The manager ends the sandbox on any error of a ping; the
 			// model sees what the next call then gets.

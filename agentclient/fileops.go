@@ -36,6 +36,9 @@ type Edit struct {
 	ReplaceAll       bool
 }
 
+// EditFile makes edits in a file, in order, all or nothing (see
+// workspace.Workspace.EditFile); the agent sends back the result only, never
+// the file.
 func (c *Conn) EditFile(ctx context.Context, path string, edits []Edit, maxFile int64) (EditResult, error) {
 	var res EditResult
 	req := agentproto.EditRequest{Path: path, MaxFile: maxFile}
@@ -68,6 +71,7 @@ func (c *Conn) EditFile(ctx context.Context, path string, edits []Edit, maxFile 
 	return res, err
 }
 
+// Delete removes a file, a symlink or (with recursive) a directory.
 func (c *Conn) Delete(ctx context.Context, path string, recursive bool) (DeleteResult, error) {
 	var res DeleteResult
 	err := c.roundTrip(ctx, request{
@@ -85,6 +89,7 @@ func (c *Conn) Delete(ctx context.Context, path string, recursive bool) (DeleteR
 	return res, err
 }
 
+// Move renames from to to, replacing an existing to only with overwrite.
 func (c *Conn) Move(ctx context.Context, from, to string, overwrite bool) (MoveResult, error) {
 	var res MoveResult
 	err := c.roundTrip(ctx, request{
