@@ -2,13 +2,8 @@ package session
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"strings"
-	"unicode/utf8"
 
-	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 )
 
 // The file operations that change names or text in place: the agent does
@@ -16,18 +11,22 @@ import (
 // sends only its two strings, never the file.
 
 // EditResult is what an edit did.
-type EditResult = agentproto.EditResult
+type EditResult = agentclient.EditResult
 
 // DeleteResult is what a delete did.
-type DeleteResult = agentproto.DeleteResult
+type DeleteResult = agentclient.DeleteResult
 
 // MoveResult is what a move did.
-type MoveResult = agentproto.MoveResult
+type MoveResult = agentclient.MoveResult
 
 // ReadRequest is a read of part of a file: a byte range, or lines (see
 // agentproto.ReadRequest for its fields and workspace.Workspace.ReadLines
 // for what a line read does).
-type ReadRequest = agentproto.ReadRequest
+type ReadRequest = agentclient.ReadRequest
+
+// Edit is one replacement of an edit: OldText by NewText, once, or every
+// occurrence with ReplaceAll.
+type Edit = agentclient.Edit
 
 // Read reads what req asks for: ReadFile for any read, lines included.
 func (s *Sandbox) Read(ctx context.Context, req ReadRequest) (ReadResult, error) {
@@ -37,15 +36,8 @@ func (s *Sandbox) Read(ctx context.Context, req ReadRequest) (ReadResult, error)
 	if err != nil {
 		return ReadResult{}, err
 	}
-	res, err := inst.conn.read(ctx, req)
+	res, err := inst.conn.Read(ctx, req)
 	return res, s.failed(inst, err)
-}
-
-// Edit is one replacement of an edit: OldText by NewText, once, or every
-// occurrence with ReplaceAll.
-type Edit struct {
-	OldText, NewText string
-	ReplaceAll       bool
 }
 
 // EditFile makes edits in a file, in order, each on the text the ones
@@ -59,7 +51,7 @@ func (s *Sandbox) EditFile(ctx context.Context, path string, edits []Edit, maxFi
 	if err != nil {
 		return EditResult{}, err
 	}
-	res, err := inst.conn.editFile(ctx, path, edits, maxFile)
+	res, err := inst.conn.EditFile(ctx, path, edits, maxFile)
 	return res, s.failed(inst, err)
 }
 
@@ -72,7 +64,7 @@ func (s *Sandbox) Delete(ctx context.Context, path string, recursive bool) (Dele
 	if err != nil {
 		return DeleteResult{}, err
 	}
-	res, err := inst.conn.deletePath(ctx, path, recursive)
+	res, err := inst.conn.Delete(ctx, path, recursive)
 	return res, s.failed(inst, err)
 }
 
@@ -85,75 +77,6 @@ func (s *Sandbox) Move(ctx context.Context, from, to string, overwrite bool) (Mo
 	if err != nil {
 		return MoveResult{}, err
 	}
-	res, err := inst.conn.move(ctx, from, to, overwrite)
+	res, err := inst.conn.Move(ctx, from, to, overwrite)
 	return res, s.failed(inst, err)
-}
-
-func (c *conn) editFile(ctx context.Context, path string, edits []Edit, maxFile int64) (EditResult, error) {
-	var res EditResult
-	req := agentproto.EditRequest{Path: path, MaxFile: maxFile}
-	var size int64
-	texts := make([]io.Reader, 0, 2*len(edits))
-	for _, e := range edits {
-		req.Edits = append(req.Edits, agentproto.EditSpec{OldSize: int64(len(e.OldText)), NewSize: int64(len(e.NewText)), ReplaceAll: e.ReplaceAll})
-		texts = append(texts, strings.NewReader(e.OldText), strings.NewReader(e.NewText))
-		size += int64(len(e.OldText) + len(e.NewText))
-	}
-	if len(edits) == 1 {
-		// One edit goes in the form every version of the agent reads.
-		req.OldSize, req.NewSize, req.ReplaceAll, req.Edits = req.Edits[0].OldSize, req.Edits[0].NewSize, req.Edits[0].ReplaceAll, nil
-	}
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindEdit, req,
-		func(p *pending) error {
-			return c.sendFrom(p, io.MultiReader(texts...), size)
-		},
-		nil,
-		func(f agentproto.Frame) error {
-			if err := f.Decode(&res); err != nil {
-				return fmt.Errorf("%w: %v", errProtocol, err)
-			}
-			if res.Replacements < 0 || res.Size < 0 || (maxFile > 0 && res.Size > maxFile) {
-				return fmt.Errorf("%w: edit result out of bounds: %+v", errProtocol, res)
-			}
-			return nil
-		})
-	return res, err
-}
-
-func (c *conn) deletePath(ctx context.Context, path string, recursive bool) (DeleteResult, error) {
-	var res DeleteResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindDelete, agentproto.DeleteRequest{Path: path, Recursive: recursive}, nil, nil,
-		func(f agentproto.Frame) error {
-			if err := f.Decode(&res); err != nil {
-				return fmt.Errorf("%w: %v", errProtocol, err)
-			}
-			if res.Deleted < 0 || !validType(res.Type) {
-				return fmt.Errorf("%w: delete result out of bounds: %+v", errProtocol, res)
-			}
-			return nil
-		})
-	return res, err
-}
-
-func (c *conn) move(ctx context.Context, from, to string, overwrite bool) (MoveResult, error) {
-	var res MoveResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindMove, agentproto.MoveRequest{From: from, To: to, Overwrite: overwrite}, nil, nil,
-		func(f agentproto.Frame) error {
-			if err := f.Decode(&res); err != nil {
-				return fmt.Errorf("%w: %v", errProtocol, err)
-			}
-			if !validType(res.Type) || res.To == "" || len(res.To) > policy.MaxPathBytes+256 || !utf8.ValidString(res.To) {
-				return fmt.Errorf("%w: move result out of bounds", errProtocol)
-			}
-			return nil
-		})
-	return res, err
-}
-
-func validType(t string) bool {
-	switch t {
-	case agentproto.TypeFile, agentproto.TypeDir, agentproto.TypeSymlink, agentproto.TypeOther:
-		return true
-	}
-	return false
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
@@ -18,7 +19,7 @@ import (
 // connection to its agent.
 type instance struct {
 	box  backend.Instance
-	conn *conn
+	conn *agentclient.Conn
 	// allowed maps each resolved allowlist entry to its spelling.
 	allowed  map[string]string
 	reported atomic.Bool // a call has told the model this container is gone
@@ -75,7 +76,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	inst.box = box
 	log := m.log.With("sandbox", sandbox, "container", box.Name())
-	c, err := newConn(ctx, box.Stdout(), box.Stdin(), box.Stdin(), m.opts.Lease, log)
+	c, err := agentclient.New(ctx, box.Stdout(), box.Stdin(), box.Stdin(), m.opts.Lease, log)
 	if err != nil {
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, box.StderrTail())
 	}
@@ -84,7 +85,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, err
 	}
 	if m.opts.Policy.NeedsResolve() {
-		paths, err := c.resolve(ctx, m.opts.Policy.AllowCmds, ".")
+		paths, err := c.Resolve(ctx, m.opts.Policy.AllowCmds, ".")
 		if err != nil {
 			return inst, fmt.Errorf("resolve the command allowlist: %w", err)
 		}
@@ -99,8 +100,9 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
-	log.Info("sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", c.hello.Agent, "agent_pid", c.hello.PID,
-		"agent_uids", c.hello.UIDs, "command_uid", c.hello.CommandUID, "command_groups", c.hello.CommandGroups)
+	hello := c.Hello()
+	log.Info("sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", hello.Agent, "agent_pid", hello.PID,
+		"agent_uids", hello.UIDs, "command_uid", hello.CommandUID, "command_groups", hello.CommandGroups)
 	return inst, nil
 }
 
@@ -163,7 +165,7 @@ func (m *Manager) keepAlive(inst *instance, log *slog.Logger) {
 	quiet := inst.quiet
 	for {
 		select {
-		case <-inst.conn.dead:
+		case <-inst.conn.Done():
 			m.removeInstance(inst)
 			return
 		case <-m.ctx.Done():
@@ -173,10 +175,10 @@ func (m *Manager) keepAlive(inst *instance, log *slog.Logger) {
 			quiet = nil
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(m.ctx, max(m.opts.Lease/2, time.Second))
-			err := inst.conn.ping(ctx)
+			err := inst.conn.Ping(ctx)
 			cancel()
 			if err != nil && m.ctx.Err() == nil {
-				inst.conn.fail(fmt.Errorf("the agent stopped answering: %w", err))
+				inst.conn.Fail(fmt.Errorf("the agent stopped answering: %w", err))
 			}
 		}
 	}
@@ -189,7 +191,7 @@ func (m *Manager) stopKeepAlive(inst *instance) { close(inst.quiet) }
 // waiting until the engine has let go of it.
 func (m *Manager) removeInstance(inst *instance) {
 	if inst.conn != nil {
-		inst.conn.fail(errRemoved)
+		inst.conn.Fail(agentclient.ErrRemoved)
 	}
 	if inst.box != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

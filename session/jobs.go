@@ -2,11 +2,10 @@ package session
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
@@ -28,95 +27,15 @@ type JobRequest struct {
 }
 
 // JobResult is a job's state and the output read.
-type JobResult struct {
-	Status agentproto.JobStatus
-	// Out holds what was read of stdout and stderr; From where each
-	// begins in its stream.
-	Out  [2][]byte
-	From [2]int64
-	// NetworkRefused lists what the egress proxy refused the sandbox
-	// since the job started (see ExecResult.NetworkRefused).
-	NetworkRefused []NetworkRefusal
-}
+type JobResult = agentclient.JobResult
 
 // JobInfo is one listed job.
-type JobInfo = agentproto.JobStatus
-
-// Bounds on what the server takes from the agent about jobs.
-const (
-	maxJobLabel = 1 << 10
-	maxSignal   = 16
-)
-
-// validStatus checks a job status from the agent against the job asked
-// about (0: any job this conn knows is checked by the caller).
-func validStatus(st agentproto.JobStatus, job uint64) bool {
-	switch st.State {
-	case agentproto.JobRunning, agentproto.JobExited, agentproto.JobKilled:
-	default:
-		return false
-	}
-	ok := func(from, total, dropped int64) bool {
-		return from >= 0 && from <= total && dropped >= 0 && dropped <= total
-	}
-	return (job == 0 || st.Job == job) && len(st.Label) <= maxJobLabel && utf8.ValidString(st.Label) &&
-		len(st.Signal) <= maxSignal && st.Killed >= 0 && st.OOMKills >= 0 &&
-		ok(st.StdoutFrom, st.StdoutBytes, st.StdoutDropped) && ok(st.StderrFrom, st.StderrBytes, st.StderrDropped)
-}
-
-// job runs one JobRequest on the agent.
-func (c *conn) job(ctx context.Context, req agentproto.JobRequest) (JobResult, error) {
-	var res JobResult
-	var got int64
-	timeout := time.Duration(req.WaitMillis)*time.Millisecond + opTimeout
-	err := c.roundTripStreams(ctx, timeout, agentproto.KindJob, req,
-		func(stream int, p []byte) error {
-			if got += int64(len(p)); got > req.Max {
-				return fmt.Errorf("%w: a job read returned more than the %d bytes asked for", errProtocol, req.Max)
-			}
-			res.Out[stream] = append(res.Out[stream], p...)
-			return nil
-		},
-		func(f agentproto.Frame) error {
-			if err := f.Decode(&res.Status); err != nil {
-				return fmt.Errorf("%w: %v", errProtocol, err)
-			}
-			st := res.Status
-			if !validStatus(st, req.Job) ||
-				st.StdoutFrom+int64(len(res.Out[0])) > st.StdoutBytes || st.StderrFrom+int64(len(res.Out[1])) > st.StderrBytes {
-				return fmt.Errorf("%w: a job status out of bounds", errProtocol)
-			}
-			res.From = [2]int64{st.StdoutFrom, st.StderrFrom}
-			return nil
-		})
-	return res, err
-}
-
-// jobs lists the agent's jobs; it keeps at most limit.
-func (c *conn) jobs(ctx context.Context, limit int) ([]JobInfo, error) {
-	var out agentproto.JobList
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindJobs, agentproto.JobsRequest{}, nil, nil,
-		func(f agentproto.Frame) error {
-			if err := f.Decode(&out); err != nil {
-				return fmt.Errorf("%w: %v", errProtocol, err)
-			}
-			if len(out.Jobs) > limit {
-				return fmt.Errorf("%w: the agent lists %d jobs, more than the %d it keeps", errProtocol, len(out.Jobs), limit)
-			}
-			for _, st := range out.Jobs {
-				if !validStatus(st, 0) || !c.knowsJob(st.Job) {
-					return fmt.Errorf("%w: a listed job the server never started, or out of bounds", errProtocol)
-				}
-			}
-			return nil
-		})
-	return out.Jobs, err
-}
+type JobInfo = agentclient.JobInfo
 
 // jobOpts gives the next exec its job id and the policy's job bounds.
-func (s *Sandbox) jobOpts() jobOpts {
+func (s *Sandbox) jobOpts() agentclient.JobOpts {
 	p := s.m.opts.Policy
-	return jobOpts{id: s.jobSeq.Add(1), keepOutput: p.MaxJobOutputBytes, maxJobs: p.MaxExecs}
+	return agentclient.JobOpts{ID: s.jobSeq.Add(1), KeepOutput: p.MaxJobOutputBytes, MaxJobs: p.MaxExecs}
 }
 
 // parseJob reads a job id as the model passes it.
@@ -159,11 +78,11 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 	if err != nil {
 		return JobResult{}, err
 	}
-	if !inst.conn.knowsJob(id) {
+	if !inst.conn.KnowsJob(id) {
 		return JobResult{}, errcode.Errorf(errcode.NotFound,
 			"no job %d in this sandbox: its jobs are the ones sandbox_exec started since it (re)started (a restarted sandbox has none). Call sandbox_job without job to list them", id)
 	}
-	res, err := inst.conn.job(ctx, agentproto.JobRequest{
+	res, err := inst.conn.Job(ctx, agentproto.JobRequest{
 		Job: id, Stdin: req.Stdin, CloseStdin: req.CloseStdin, Signal: req.Signal,
 		WaitMillis: req.Wait.Milliseconds(), StdoutOffset: req.StdoutOffset, StderrOffset: req.StderrOffset, Max: req.Max,
 		Peek: req.Peek,
@@ -186,6 +105,6 @@ func (s *Sandbox) Jobs(ctx context.Context) ([]JobInfo, error) {
 		return nil, err
 	}
 	// The agent keeps the running jobs and as many ended ones.
-	out, err := inst.conn.jobs(ctx, 2*s.m.opts.Policy.MaxExecs+1)
+	out, err := inst.conn.Jobs(ctx, 2*s.m.opts.Policy.MaxExecs+1)
 	return out, s.failed(inst, err)
 }

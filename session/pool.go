@@ -53,7 +53,7 @@ func (m *Manager) takeWarm() (warm, bool) {
 	for len(p.ready) > 0 {
 		w := p.ready[0]
 		p.ready = p.ready[1:]
-		if w.inst.conn.err() == nil {
+		if w.inst.conn.Err() == nil {
 			return w, true
 		}
 		// Died while it waited. m.mu is held and the manager open (see

@@ -88,7 +88,7 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 		limit := idleSnapshotTimeout(s.m.opts.Policy)
 		ctx, cancel := context.WithTimeout(s.ctx, limit)
 		info, err := s.snaps().CreateWait(ctx, "auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, func(w io.Writer) error {
-			_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
+			_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
 			return err
 		})
 		if err != nil && ctx.Err() != nil {

@@ -90,7 +90,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
 	if s.cur != nil {
-		if err := s.cur.conn.err(); err == nil {
+		if err := s.cur.conn.Err(); err == nil {
 			return s.cur, nil
 		} else {
 			old := s.cur
@@ -158,7 +158,7 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		// (its container removed under it), there is no next call here.
 		return sessionEnded()
 	}
-	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.err() != nil {
+	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.Err() != nil {
 		if inst.reported.Swap(true) {
 			return err
 		}
@@ -168,7 +168,7 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", latest.ID)
 			}
 		}
-		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost and its jobs ended. Call again: %s", s.id, inst.conn.err(), next)
+		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost and its jobs ended. Call again: %s", s.id, inst.conn.Err(), next)
 	}
 	return err
 }
@@ -196,12 +196,12 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	if err != nil {
 		return ExecResult{}, err
 	}
-	req.job = s.jobOpts()
+	jo := s.jobOpts()
 	if req.OnStart != nil {
-		req.OnStart(strconv.FormatUint(req.job.id, 10))
+		req.OnStart(strconv.FormatUint(jo.ID, 10))
 	}
 	start := time.Now()
-	res, err := inst.conn.exec(ctx, req)
+	res, err := inst.conn.Exec(ctx, req, jo)
 	res.NetworkRefused = s.m.refusedSince(s.id, start)
 	return res, s.failed(inst, err)
 }
@@ -228,7 +228,7 @@ func (s *Sandbox) Resolve(ctx context.Context, names []string, cwd string) ([]st
 	if err != nil {
 		return nil, err
 	}
-	out, err := inst.conn.resolve(ctx, names, cwd)
+	out, err := inst.conn.Resolve(ctx, names, cwd)
 	return out, s.failed(inst, err)
 }
 
@@ -246,7 +246,7 @@ func (s *Sandbox) Shell(ctx context.Context) (name, path string, err error) {
 	if sh := inst.shell.Load(); sh != nil {
 		return sh[0], sh[1], nil
 	}
-	found, err := inst.conn.resolve(ctx, policy.Shells, ".")
+	found, err := inst.conn.Resolve(ctx, policy.Shells, ".")
 	if err != nil {
 		return "", "", s.failed(inst, err)
 	}
@@ -281,7 +281,7 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, offset, length, max
 	if err != nil {
 		return ReadResult{}, err
 	}
-	res, err := inst.conn.readFile(ctx, path, offset, length, maxBytes)
+	res, err := inst.conn.ReadFile(ctx, path, offset, length, maxBytes)
 	return res, s.failed(inst, err)
 }
 
@@ -300,7 +300,7 @@ func (s *Sandbox) WriteFileFrom(ctx context.Context, path string, r io.Reader, s
 	if err != nil {
 		return WriteResult{}, err
 	}
-	res, err := inst.conn.writeFile(ctx, path, r, size, appendTo, mode)
+	res, err := inst.conn.WriteFile(ctx, path, r, size, appendTo, mode)
 	return res, s.failed(inst, err)
 }
 
@@ -312,7 +312,7 @@ func (s *Sandbox) List(ctx context.Context, path string, o ListOptions) (ListRes
 	if err != nil {
 		return ListResult{}, err
 	}
-	res, err := inst.conn.list(ctx, path, o)
+	res, err := inst.conn.List(ctx, path, o)
 	return res, s.failed(inst, err)
 }
 
@@ -328,7 +328,7 @@ func (s *Sandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, er
 		return snapshot.Info{}, err
 	}
 	info, err := s.snaps().Create(label, s.id, func(w io.Writer) error {
-		_, err := inst.conn.snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
+		_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
 		return err
 	})
 	return info, s.failed(inst, err)
@@ -368,7 +368,7 @@ func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (s
 		return info, RestoreResult{}, err
 	}
 	defer f.Close()
-	res, err := inst.conn.restore(ctx, f, snapshotLimits(s.m.opts.Policy))
+	res, err := inst.conn.Restore(ctx, f, snapshotLimits(s.m.opts.Policy))
 	return info, res, err
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
@@ -34,7 +35,7 @@ func (m *Manager) secretEnv(sandbox string) []string {
 // secrets, and take the sandbox's environment, when the backend keeps it
 // out of the instance's definition (backend.AgentEnv), before any command
 // runs.
-func (m *Manager) setupSandbox(ctx context.Context, c *conn, box backend.Instance) error {
+func (m *Manager) setupSandbox(ctx context.Context, c *agentclient.Conn, box backend.Instance) error {
 	var req agentproto.SetupRequest
 	if m.proxy != nil {
 		req.CACerts = string(m.proxy.CACert())
@@ -45,14 +46,7 @@ func (m *Manager) setupSandbox(ctx context.Context, c *conn, box backend.Instanc
 	if req.CACerts == "" && len(req.Env) == 0 {
 		return nil
 	}
-	var res agentproto.SetupResult
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindSetup, req, nil, nil,
-		func(f agentproto.Frame) error {
-			if err := f.Decode(&res); err != nil {
-				return fmt.Errorf("%w: %v", errProtocol, err)
-			}
-			return nil
-		})
+	res, err := c.Setup(ctx, req)
 	if err != nil {
 		return fmt.Errorf("set up the sandbox (its CA bundle and environment): %w", err)
 	}

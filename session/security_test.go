@@ -430,7 +430,7 @@ func execKillingAgent(t *testing.T, m *Manager, sb *Sandbox) error {
 	sb.mu.Unlock()
 	done := execStarted(t, ctx, sb, ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 5"}, Timeout: 20 * time.Second})
 	ex, err := testenv.Engine(t).ExecCreate(ctx, inst.box.Name(), client.ExecCreateOptions{
-		User: "0:0", Cmd: []string{"kill", "-9", strconv.Itoa(inst.conn.hello.PID)},
+		User: "0:0", Cmd: []string{"kill", "-9", strconv.Itoa(inst.conn.Hello().PID)},
 	})
 	if err != nil {
 		t.Fatalf("kill the agent: %v", err)

@@ -68,7 +68,7 @@ func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
 	if sd == nil || m.opts.Policy.ReadOnly {
 		return nil
 	}
-	if _, err := inst.conn.restore(ctx, sd.reader(), snapshotLimits(m.opts.Policy)); err != nil {
+	if _, err := inst.conn.Restore(ctx, sd.reader(), snapshotLimits(m.opts.Policy)); err != nil {
 		return errcode.Errorf(errcode.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
 	}
 	return nil

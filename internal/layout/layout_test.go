@@ -21,6 +21,7 @@ var hostRoots = []string{
 	module + "/cmd/sandbox-mcp",
 	module + "/cmd/sandbox-bench",
 	module + "/session/...",
+	module + "/agentclient",
 	module + "/tools/...",
 	module + "/policy/...",
 	module + "/netproxy/...",
@@ -257,6 +258,23 @@ func TestSessionLinksNoDocker(t *testing.T) {
 	for _, p := range list {
 		if linksDocker(p) || p == module+"/session/backend/docker" || p == module+"/session/backend/kube" {
 			t.Errorf("%s links %s: session is the registry and the state machine on the backend seam; main builds the backend (Options.Backend), and what session needs of one is an interface in session/backend", root, p)
+		}
+	}
+}
+
+// TestAgentClientLinksNoDockerNorSession: the agent client is the server's
+// end of the protocol, beside the agent (its other end) and agentproto (the
+// wire); it talks to any stream, so it links no Docker client, no backend
+// and not the session that drives it.
+func TestAgentClientLinksNoDockerNorSession(t *testing.T) {
+	root := module + "/agentclient"
+	list := deps(t, root)
+	if !slices.Contains(list, module+"/agentproto") {
+		t.Fatalf("go list -deps %s does not list agentproto: the rule would check nothing", root)
+	}
+	for _, p := range list {
+		if linksDocker(p) || p == module+"/session" || strings.HasPrefix(p, module+"/session/") {
+			t.Errorf("%s links %s: the agent client speaks the protocol over a stream it is given; a sandbox's life (session) and what runs it (session/backend/...) drive it, not the other way round", root, p)
 		}
 	}
 }

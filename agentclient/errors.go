@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"

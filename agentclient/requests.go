@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"bytes"
@@ -47,8 +47,6 @@ type ExecRequest struct {
 	// the call returns with Running set and the output so far, and the
 	// command runs on as its job (its Timeout still applies).
 	MaxWait time.Duration
-
-	job jobOpts // set by Sandbox.Exec
 }
 
 // ExecResult is what a command did. Stdout and Stderr hold a stream whole,
@@ -111,31 +109,32 @@ const (
 	bulkTimeout = 10 * time.Minute
 )
 
-// jobOpts are what a sandbox's policy says of jobs.
-type jobOpts struct {
-	id         uint64 // 0: run without a job
-	keepOutput int64  // bytes per stream the agent keeps
-	maxJobs    int
+// JobOpts are an exec's job id and what a sandbox's policy says of jobs.
+type JobOpts struct {
+	ID         uint64 // 0: run without a job
+	KeepOutput int64  // bytes per stream the agent keeps
+	MaxJobs    int
 }
 
-func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+// Exec runs a command as job jo and waits for it as req says: until it
+// ends, starts in the background, or runs past MaxWait.
+func (c *Conn) Exec(ctx context.Context, req ExecRequest, jo JobOpts) (ExecResult, error) {
 	var res ExecResult
-	jo := req.job
-	c.noteJob(jo.id)
+	c.noteJob(jo.ID)
 	// The exec's own timeout (TimeoutMillis) bounds it at the agent, which
 	// kills the command with everything it started; the request carries
 	// no other deadline (a background job outlives its request).
 	p, err := c.open(context.WithoutCancel(ctx), agentproto.KindExec, agentproto.ExecRequest{
 		Path: req.Program, Argv: req.Argv, Cwd: req.Cwd, Env: req.Env,
 		TimeoutMillis: req.Timeout.Milliseconds(), MaxOutput: req.MaxOutput, Stdin: req.Stdin != nil,
-		Job: jo.id, Label: req.Label, Background: req.Background, KeepOutput: jo.keepOutput, MaxJobs: jo.maxJobs,
+		Job: jo.ID, Label: req.Label, Background: req.Background, KeepOutput: jo.KeepOutput, MaxJobs: jo.MaxJobs,
 	})
 	if err != nil {
 		return res, unavailable(err)
 	}
 	defer c.close(p)
-	if jo.id != 0 {
-		res.Job = strconv.FormatUint(jo.id, 10)
+	if jo.ID != 0 {
+		res.Job = strconv.FormatUint(jo.ID, 10)
 	}
 	if req.Stdin != nil {
 		if err := c.sendData(p, req.Stdin); err != nil {
@@ -152,7 +151,7 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	// Past MaxWait the agent is told to detach the command, which then
 	// runs on as its job.
 	var detachC <-chan time.Time
-	if req.MaxWait > 0 && jo.id != 0 && !req.Background {
+	if req.MaxWait > 0 && jo.ID != 0 && !req.Background {
 		t := time.NewTimer(req.MaxWait)
 		defer t.Stop()
 		detachC = t.C
@@ -166,7 +165,7 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 		select {
 		case f = <-p.frames:
 		case <-c.dead:
-			return res, unavailable(c.err())
+			return res, unavailable(c.Err())
 		case <-detachC:
 			detachC = nil
 			if !cancelled && cancelTimer == nil {
@@ -186,8 +185,8 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			cancelTimer = time.After(cancelGrace)
 			continue
 		case <-cancelTimer:
-			c.fail(fmt.Errorf("the agent did not stop a command it was told to stop"))
-			return res, unavailable(c.err())
+			c.Fail(fmt.Errorf("the agent did not stop a command it was told to stop"))
+			return res, unavailable(c.Err())
 		}
 		switch f.Kind {
 		case agentproto.KindStdout, agentproto.KindStderr:
@@ -198,8 +197,8 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			// The agent sends at most MaxOutput bytes per stream and keeps
 			// the rest itself; a background job sends none.
 			if int64(buf.Len()+len(f.Payload)) > req.MaxOutput || req.Background {
-				c.fail(fmt.Errorf("%w: more than the %d bytes of %s asked for", errProtocol, req.MaxOutput, name))
-				return res, unavailable(c.err())
+				c.Fail(fmt.Errorf("%w: more than the %d bytes of %s asked for", errProtocol, req.MaxOutput, name))
+				return res, unavailable(c.Err())
 			}
 			buf.Write(f.Payload)
 			if req.OnOutput != nil && len(f.Payload) > 0 {
@@ -208,10 +207,10 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 		case agentproto.KindResult:
 			// A background job started, or a detached command runs on.
 			var st agentproto.JobStatus
-			if err := f.Decode(&st); err != nil || !(req.Background || detached) || !validStatus(st, jo.id) ||
+			if err := f.Decode(&st); err != nil || !(req.Background || detached) || !validStatus(st, jo.ID) ||
 				st.StdoutBytes < int64(stdout.Len()) || st.StderrBytes < int64(stderr.Len()) {
-				c.fail(fmt.Errorf("%w: a %q frame in answer to exec that is not a background or detached job's status", errProtocol, f.Kind))
-				return res, unavailable(c.err())
+				c.Fail(fmt.Errorf("%w: a %q frame in answer to exec that is not a background or detached job's status", errProtocol, f.Kind))
+				return res, unavailable(c.Err())
 			}
 			res.Running = st.State == agentproto.JobRunning
 			res.ExitCode = st.ExitCode
@@ -222,7 +221,7 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			if cancelled {
 				// The call was cancelled after the detach: its command
 				// goes with it, as a cancelled call's does.
-				_, _ = c.job(context.WithoutCancel(ctx), agentproto.JobRequest{Job: jo.id, Signal: "KILL"})
+				_, _ = c.Job(context.WithoutCancel(ctx), agentproto.JobRequest{Job: jo.ID, Signal: "KILL"})
 				return res, context.Cause(ctx)
 			}
 			// The result has the output streamed until the detach, cut
@@ -234,12 +233,12 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 		case agentproto.KindExit:
 			var r agentproto.ExecResult
 			if err := f.Decode(&r); err != nil || req.Background {
-				c.fail(fmt.Errorf("%w: exit frame: %v", errProtocol, err))
-				return res, unavailable(c.err())
+				c.Fail(fmt.Errorf("%w: exit frame: %v", errProtocol, err))
+				return res, unavailable(c.Err())
 			}
 			if r.StdoutBytes < int64(stdout.Len()) || r.StderrBytes < int64(stderr.Len()) {
-				c.fail(fmt.Errorf("%w: the exit frame counts less output than was sent", errProtocol))
-				return res, unavailable(c.err())
+				c.Fail(fmt.Errorf("%w: the exit frame counts less output than was sent", errProtocol))
+				return res, unavailable(c.Err())
 			}
 			res.ExitCode, res.Signal = r.ExitCode, r.Signal
 			res.TimedOut, res.Cancelled = r.TimedOut, r.Cancelled || cancelled
@@ -247,8 +246,8 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			res.StdoutBytes, res.StderrBytes = r.StdoutBytes, r.StderrBytes
 			res.PipesHeld, res.OOMKills = r.PipesHeld, max(r.OOMKills, 0)
 			// The job keeps the last keepOutput bytes of each stream.
-			res.StdoutDropped = max(r.StdoutBytes-jo.keepOutput, 0)
-			res.StderrDropped = max(r.StderrBytes-jo.keepOutput, 0)
+			res.StdoutDropped = max(r.StdoutBytes-jo.KeepOutput, 0)
+			res.StderrDropped = max(r.StderrBytes-jo.KeepOutput, 0)
 			if len(res.Signal) > 16 {
 				res.Signal = res.Signal[:16]
 			}
@@ -256,15 +255,15 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 				return res, context.Cause(ctx)
 			}
 			c.close(p)
-			if err := c.fit(ctx, &res, jo.id, req.MaxOutput, stdout.Bytes(), stderr.Bytes()); err != nil {
+			if err := c.fit(ctx, &res, jo.ID, req.MaxOutput, stdout.Bytes(), stderr.Bytes()); err != nil {
 				return res, err
 			}
 			return res, nil
 		case agentproto.KindError:
 			return res, c.decodeError(f)
 		default:
-			c.fail(fmt.Errorf("%w: %q frame in answer to exec", errProtocol, f.Kind))
-			return res, unavailable(c.err())
+			c.Fail(fmt.Errorf("%w: %q frame in answer to exec", errProtocol, f.Kind))
+			return res, unavailable(c.Err())
 		}
 	}
 }
@@ -272,7 +271,7 @@ func (c *conn) exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 // fit cuts a foreground exec's output to the result's cap: each stream
 // longer than its share keeps its head (from the live output) and its tail
 // (from the live output, or read back from the job).
-func (c *conn) fit(ctx context.Context, res *ExecResult, job uint64, limit int64, live0, live1 []byte) error {
+func (c *Conn) fit(ctx context.Context, res *ExecResult, job uint64, limit int64, live0, live1 []byte) error {
 	shares := [2]int64{}
 	shares[0], shares[1] = policy.OutputShares(limit, res.StdoutBytes, res.StderrBytes)
 	totals := [2]int64{res.StdoutBytes, res.StderrBytes}
@@ -293,7 +292,7 @@ func (c *conn) fit(ctx context.Context, res *ExecResult, job uint64, limit int64
 		case job != 0:
 			off := [2]int64{1 << 62, 1 << 62}
 			off[i] = from
-			jr, err := c.job(ctx, agentproto.JobRequest{Job: job, StdoutOffset: off[0], StderrOffset: off[1], Max: tl})
+			jr, err := c.Job(ctx, agentproto.JobRequest{Job: job, StdoutOffset: off[0], StderrOffset: off[1], Max: tl})
 			if err != nil {
 				return err
 			}
@@ -357,25 +356,26 @@ type ReadResult struct {
 	Cuts []agentproto.LineCut
 }
 
-// readFile reads up to maxBytes of a file (and no more than length, when
+// ReadFile reads up to maxBytes of a file (and no more than length, when
 // length is not 0). The data frames are copied once, into a buffer that
 // starts at one chunk and, for a longer file, grows once to the most the
 // read may return; so a small read does not allocate the cap, and a large
 // one is not copied again and again as a doubling buffer would be.
-func (c *conn) readFile(ctx context.Context, path string, offset, length, maxBytes int64) (ReadResult, error) {
-	return c.read(ctx, agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes})
+func (c *Conn) ReadFile(ctx context.Context, path string, offset, length, maxBytes int64) (ReadResult, error) {
+	return c.Read(ctx, agentproto.ReadRequest{Path: path, Offset: offset, Length: length, Max: maxBytes})
 }
 
-// read is readFile for any read request, a byte range or lines.
-func (c *conn) read(ctx context.Context, req agentproto.ReadRequest) (ReadResult, error) {
+// Read is ReadFile for any read request, a byte range or lines.
+func (c *Conn) Read(ctx context.Context, req agentproto.ReadRequest) (ReadResult, error) {
 	var res ReadResult
 	limit := req.Max
 	if req.Length > 0 && req.Length < limit {
 		limit = req.Length
 	}
 	buf := make([]byte, 0, min(limit, agentproto.ChunkSize))
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindRead, req, nil,
-		func(p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindRead, body: req, timeout: opTimeout,
+		onData: func(p []byte) error {
 			if int64(len(buf)+len(p)) > limit {
 				return fmt.Errorf("%w: read returned more than the %d bytes asked for", errProtocol, limit)
 			}
@@ -387,7 +387,7 @@ func (c *conn) read(ctx context.Context, req agentproto.ReadRequest) (ReadResult
 			buf = append(buf, p...)
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.ReadResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -399,7 +399,8 @@ func (c *conn) read(ctx context.Context, req agentproto.ReadRequest) (ReadResult
 			res = ReadResult{Data: buf, Size: max(r.Size, 0), Truncated: r.Truncated, Offset: r.Offset, End: r.End,
 				StartLine: r.StartLine, EndLine: r.EndLine, TotalLines: r.TotalLines, Scanned: r.Scanned, Cuts: r.Cuts}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
@@ -430,28 +431,28 @@ type WriteResult struct {
 	Size    int64
 }
 
-// writeFile writes exactly size bytes read from r. The content goes to the
+// WriteFile writes exactly size bytes read from r. The content goes to the
 // agent a chunk at a time, so the server never holds a second copy of it.
 // If r fails or ends early, the agent is sent less than size bytes, which
 // leaves the file as it was, and r's error is returned.
-func (c *conn) writeFile(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (WriteResult, error) {
+func (c *Conn) WriteFile(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (WriteResult, error) {
 	var res WriteResult
 	var inErr error
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindWrite,
-		agentproto.WriteRequest{Path: path, Append: appendTo, Mode: mode, Size: size},
-		func(p *pending) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindWrite, body: agentproto.WriteRequest{Path: path, Append: appendTo, Mode: mode, Size: size}, timeout: opTimeout,
+		input: func(p *pending) error {
 			inErr = c.sendFrom(p, r, size)
 			return inErr
 		},
-		nil,
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.WriteResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			res = WriteResult{Written: r.Written, Size: r.Size}
 			return nil
-		})
+		},
+	})
 	// roundTrip waited for the input to be sent, so inErr is set.
 	var local errLocal
 	if errors.As(inErr, &local) {
@@ -463,7 +464,7 @@ func (c *conn) writeFile(ctx context.Context, path string, r io.Reader, size int
 // sendFrom sends exactly size bytes of r as data frames, then eof. A read
 // error or an early end of r is an errLocal; eof is still sent, so the agent
 // sees a short input and leaves the file alone.
-func (c *conn) sendFrom(p *pending, r io.Reader, size int64) error {
+func (c *Conn) sendFrom(p *pending, r io.Reader, size int64) error {
 	buf := make([]byte, min(size, agentproto.ChunkSize))
 	var sent int64
 	for sent < size {
@@ -511,17 +512,17 @@ type ListResult struct {
 	Scanned int
 }
 
-// list lists a directory, at most o.MaxEntries entries and
+// List lists a directory, at most o.MaxEntries entries and
 // policy.ListBytes(o.MaxEntries) bytes of the agent's stream: a list past
 // either is cut short and reported truncated.
-func (c *conn) list(ctx context.Context, path string, o ListOptions) (ListResult, error) {
+func (c *Conn) List(ctx context.Context, path string, o ListOptions) (ListResult, error) {
 	var res ListResult
 	var got int64
 	maxEntries := o.MaxEntries
 	maxBytes := policy.ListBytes(maxEntries)
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindList,
-		agentproto.ListRequest{Path: path, Recursive: o.Recursive, Max: maxEntries, Pattern: o.Pattern, Prune: o.Prune, MaxScan: o.MaxScan}, nil,
-		func(p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindList, body: agentproto.ListRequest{Path: path, Recursive: o.Recursive, Max: maxEntries, Pattern: o.Pattern, Prune: o.Prune, MaxScan: o.MaxScan}, timeout: opTimeout,
+		onData: func(p []byte) error {
 			// One JSON line per entry, each in one frame.
 			for len(p) > 0 {
 				line, rest, _ := bytes.Cut(p, []byte{'\n'})
@@ -540,7 +541,7 @@ func (c *conn) list(ctx context.Context, path string, o ListOptions) (ListResult
 			}
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.ListResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -550,7 +551,8 @@ func (c *conn) list(ctx context.Context, path string, o ListOptions) (ListResult
 			}
 			res.Truncated, res.Scanned = r.Truncated, r.Scanned
 			return nil
-		})
+		},
+	})
 	if errors.Is(err, errListFull) {
 		res.Truncated = true
 		return res, nil
@@ -568,10 +570,13 @@ func validEntry(e Entry) bool {
 		utf8.ValidString(e.Path) && utf8.ValidString(e.Target) && e.Size >= 0 && e.Count >= 0 && (e.Count == 0 || e.Pruned)
 }
 
-func (c *conn) resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
+// Resolve finds each of names as the agent would run it, from cwd (see
+// agentproto.ResolveRequest).
+func (c *Conn) Resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
 	var out []string
-	err := c.roundTrip(ctx, opTimeout, agentproto.KindResolve, agentproto.ResolveRequest{Names: names, Cwd: cwd}, nil, nil,
-		func(f agentproto.Frame) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindResolve, body: agentproto.ResolveRequest{Names: names, Cwd: cwd}, timeout: opTimeout,
+		onResult: func(f agentproto.Frame) error {
 			var r agentproto.ResolveResult
 			if err := f.Decode(&r); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
@@ -581,17 +586,19 @@ func (c *conn) resolve(ctx context.Context, names []string, cwd string) ([]strin
 			}
 			out = r.Paths
 			return nil
-		})
+		},
+	})
 	return out, err
 }
 
-// snapshot streams a tar of the workspace into w, never more than
+// Snapshot streams a tar of the workspace into w, never more than
 // lim.MaxBytes bytes.
-func (c *conn) snapshot(ctx context.Context, w io.Writer, lim agentproto.Limits) (agentproto.SnapshotResult, error) {
+func (c *Conn) Snapshot(ctx context.Context, w io.Writer, lim agentproto.Limits) (agentproto.SnapshotResult, error) {
 	var res agentproto.SnapshotResult
 	var n int64
-	err := c.roundTrip(ctx, bulkTimeout, agentproto.KindSnapshot, agentproto.SnapshotRequest{Limits: lim}, nil,
-		func(p []byte) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindSnapshot, body: agentproto.SnapshotRequest{Limits: lim}, timeout: bulkTimeout,
+		onData: func(p []byte) error {
 			n += int64(len(p))
 			if lim.MaxBytes > 0 && n > lim.MaxBytes {
 				return fmt.Errorf("%w: snapshot stream exceeds %d bytes", errProtocol, lim.MaxBytes)
@@ -601,20 +608,22 @@ func (c *conn) snapshot(ctx context.Context, w io.Writer, lim agentproto.Limits)
 			}
 			return nil
 		},
-		func(f agentproto.Frame) error {
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
-// restore replaces the workspace with the tar stream in data.
-func (c *conn) restore(ctx context.Context, data io.Reader, lim agentproto.Limits) (agentproto.RestoreResult, error) {
+// Restore replaces the workspace with the tar stream in data.
+func (c *Conn) Restore(ctx context.Context, data io.Reader, lim agentproto.Limits) (agentproto.RestoreResult, error) {
 	var res agentproto.RestoreResult
-	err := c.roundTrip(ctx, bulkTimeout, agentproto.KindRestore, agentproto.RestoreRequest{Limits: lim},
-		func(p *pending) error {
+	err := c.roundTrip(ctx, request{
+		kind: agentproto.KindRestore, body: agentproto.RestoreRequest{Limits: lim}, timeout: bulkTimeout,
+		input: func(p *pending) error {
 			buf := make([]byte, agentproto.ChunkSize)
 			for {
 				n, err := data.Read(buf)
@@ -630,13 +639,14 @@ func (c *conn) restore(ctx context.Context, data io.Reader, lim agentproto.Limit
 					return errLocal{err}
 				}
 			}
-		}, nil,
-		func(f agentproto.Frame) error {
+		},
+		onResult: func(f agentproto.Frame) error {
 			if err := f.Decode(&res); err != nil {
 				return fmt.Errorf("%w: %v", errProtocol, err)
 			}
 			return nil
-		})
+		},
+	})
 	return res, err
 }
 
@@ -647,25 +657,33 @@ type errLocal struct{ err error }
 func (e errLocal) Error() string { return e.err.Error() }
 func (e errLocal) Unwrap() error { return e.err }
 
-// roundTrip runs one request that is not exec: send it (and its input, via
-// sendInput), pass data payloads to onData, and decode the result frame with
-// onResult. A protocol violation ends the connection. When ctx ends or the
-// timeout passes, the agent is told to cancel.
-func (c *conn) roundTrip(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
-	sendInput func(*pending) error, onData func([]byte) error, onResult func(agentproto.Frame) error) error {
-	return c.roundTripAll(ctx, timeout, kind, body, sendInput, onData, nil, onResult)
+// request is one request that is not exec, and what to do with each frame
+// of its answer. The callbacks but onResult are optional: a frame of a kind
+// whose callback is nil breaks the protocol.
+type request struct {
+	kind agentproto.Kind
+	body any
+	// timeout bounds the request (the caller's deadline, when sooner,
+	// comes first); past it the agent is told to cancel.
+	timeout time.Duration
+	// input sends the request's input (data frames and eof), beside the
+	// reading of its answer; the round trip waits for it to return.
+	input func(*pending) error
+	// onData takes the payload of each data frame.
+	onData func([]byte) error
+	// onStream takes the payload of each stdout (0) or stderr (1) frame.
+	onStream func(stream int, p []byte) error
+	// onResult decodes and checks the result frame, which ends the request.
+	// An error from it is a protocol violation.
+	onResult func(agentproto.Frame) error
 }
 
-// roundTripStreams is roundTrip for a request answered with stdout and
-// stderr frames (stream 0 and 1) instead of data frames.
-func (c *conn) roundTripStreams(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
-	onStream func(int, []byte) error, onResult func(agentproto.Frame) error) error {
-	return c.roundTripAll(ctx, timeout, kind, body, nil, nil, onStream, onResult)
-}
-
-func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind agentproto.Kind, body any,
-	sendInput func(*pending) error, onData func([]byte) error, onStream func(int, []byte) error,
-	onResult func(agentproto.Frame) error) error {
+// roundTrip runs r: send it (and its input), pass the answer's frames to
+// its callbacks, until the result or an error frame. A protocol violation
+// ends the connection. When ctx ends or the timeout passes, the agent is
+// told to cancel.
+func (c *Conn) roundTrip(ctx context.Context, r request) error {
+	kind, timeout := r.kind, r.timeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl).Round(time.Millisecond), 0) // for the message: the caller's deadline comes first
 	}
@@ -673,14 +691,14 @@ func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 	defer cancel()
 	// The agent gets the same deadline: past it the server has given up,
 	// and the agent stops too.
-	p, err := c.open(ctx, kind, body)
+	p, err := c.open(ctx, kind, r.body)
 	if err != nil {
 		return unavailable(err)
 	}
 	defer c.close(p)
-	if sendInput != nil {
+	if r.input != nil {
 		inErr := make(chan error, 1)
-		go func() { inErr <- sendInput(p) }()
+		go func() { inErr <- r.input(p) }()
 		defer func() {
 			if err := <-inErr; err != nil && !errors.As(err, new(errLocal)) {
 				c.log.Debug("sending request input", "err", err)
@@ -701,23 +719,23 @@ func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 		}
 		switch f.Kind {
 		case agentproto.KindData:
-			if onData == nil {
+			if r.onData == nil {
 				err = fmt.Errorf("%w: data frame in answer to %s", errProtocol, kind)
 			} else {
-				err = onData(f.Payload)
+				err = r.onData(f.Payload)
 			}
 		case agentproto.KindStdout, agentproto.KindStderr:
-			if onStream == nil {
+			if r.onStream == nil {
 				err = fmt.Errorf("%w: %s frame in answer to %s", errProtocol, f.Kind, kind)
 			} else if f.Kind == agentproto.KindStdout {
-				err = onStream(0, f.Payload)
+				err = r.onStream(0, f.Payload)
 			} else {
-				err = onStream(1, f.Payload)
+				err = r.onStream(1, f.Payload)
 			}
 		case agentproto.KindResult:
-			if err := onResult(f); err != nil {
-				c.fail(err)
-				return unavailable(c.err())
+			if err := r.onResult(f); err != nil {
+				c.Fail(err)
+				return unavailable(c.Err())
 			}
 			return nil
 		case agentproto.KindError:
@@ -731,17 +749,17 @@ func (c *conn) roundTripAll(ctx context.Context, timeout time.Duration, kind age
 				c.cancel(p)
 				return local.err
 			}
-			c.fail(err)
-			return unavailable(c.err())
+			c.Fail(err)
+			return unavailable(c.Err())
 		}
 	}
 }
 
-func (c *conn) decodeError(f agentproto.Frame) error {
+func (c *Conn) decodeError(f agentproto.Frame) error {
 	var e agentproto.Error
 	if err := f.Decode(&e); err != nil {
-		c.fail(fmt.Errorf("%w: %v", errProtocol, err))
-		return unavailable(c.err())
+		c.Fail(fmt.Errorf("%w: %v", errProtocol, err))
+		return unavailable(c.Err())
 	}
 	return fromAgent(e)
 }
@@ -755,11 +773,4 @@ func unavailable(err error) error {
 	}
 	return errcode.Errorf(errcode.Unavailable,
 		"the sandbox stopped (%v); its workspace is lost and its jobs ended. Call again: the next call starts a fresh sandbox, with no jobs", err)
-}
-
-// snapshotLimits are the caps on a workspace's tar stream, both ways. The
-// stream holds the workspace's bytes plus headers and padding: the workspace
-// cap plus some room for those is the ceiling.
-func snapshotLimits(p policy.Policy) agentproto.Limits {
-	return agentproto.TreeLimits(p.MaxWorkspaceBytes + p.MaxWorkspaceBytes/8 + 1<<20)
 }

@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"context"
@@ -16,10 +16,10 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
-// The tests in this file run the server's end of the agent protocol (conn)
+// The tests in this file run the server's end of the agent protocol (Conn)
 // in the test process, against an agent on the other end of two pipes: small
 // scripted agents here, each breaking one rule, and the real agent in
-// conn_agent_test.go. None of them needs Docker.
+// agent_test.go. None of them needs Docker.
 
 // agentEnd is the agent's side of a conn under test: it reads the frames the
 // server writes and writes frames, or any bytes, for the server to read.
@@ -35,7 +35,7 @@ type agentEnd struct {
 // the other, and returns what newConn returned. ctx bounds the wait for the
 // hello. When the test ends the pipes are closed, and the script must then
 // return.
-func pipeConn(t *testing.T, ctx context.Context, script func(a *agentEnd)) (*conn, *agentEnd, error) {
+func pipeConn(t *testing.T, ctx context.Context, script func(a *agentEnd)) (*Conn, *agentEnd, error) {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
@@ -59,12 +59,12 @@ func pipeConn(t *testing.T, ctx context.Context, script func(a *agentEnd)) (*con
 			t.Error("the agent's script did not return after the stream closed")
 		}
 	})
-	c, err := newConn(ctx, outR, inW, raw, time.Minute, testLogger(t))
+	c, err := New(ctx, outR, inW, raw, time.Minute, testLogger(t))
 	return c, a, err
 }
 
 // hostileConn is pipeConn for an agent that gets past the hello.
-func hostileConn(t *testing.T, script func(a *agentEnd)) (*conn, *agentEnd) {
+func hostileConn(t *testing.T, script func(a *agentEnd)) (*Conn, *agentEnd) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -139,7 +139,7 @@ const callTimeout = 10 * time.Second
 // wantBroken checks how a call ends when the agent broke the protocol: the
 // caller gets UNAVAILABLE, the connection has ended with a protocol error
 // that says why, and the stream was closed (the agent's end saw it).
-func wantBroken(t *testing.T, c *conn, a *agentEnd, err error, why string) {
+func wantBroken(t *testing.T, c *Conn, a *agentEnd, err error, why string) {
 	t.Helper()
 	wantCode(t, err, errcode.Unavailable)
 	select {
@@ -147,7 +147,7 @@ func wantBroken(t *testing.T, c *conn, a *agentEnd, err error, why string) {
 	default:
 		t.Fatal("the connection is still alive")
 	}
-	if cerr := c.err(); !errors.Is(cerr, errProtocol) || !strings.Contains(cerr.Error(), why) {
+	if cerr := c.Err(); !errors.Is(cerr, errProtocol) || !strings.Contains(cerr.Error(), why) {
 		t.Fatalf("the connection ended with %v, want a protocol error saying %q", cerr, why)
 	}
 	select {
@@ -164,21 +164,21 @@ func wantBroken(t *testing.T, c *conn, a *agentEnd, err error, why string) {
 // asked for, answers of the wrong kind or shape, and bytes that are not
 // frames at all.
 func TestHostileAgentEndsTheConnection(t *testing.T) {
-	read := func(c *conn) error {
-		_, err := c.readFile(ctxFor(t), "f", 0, 0, 10)
+	read := func(c *Conn) error {
+		_, err := c.ReadFile(ctxFor(t), "f", 0, 0, 10)
 		return err
 	}
-	exec := func(c *conn) error {
-		_, err := c.exec(ctxFor(t), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Minute, MaxOutput: 10})
+	exec := func(c *Conn) error {
+		_, err := c.Exec(ctxFor(t), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Minute, MaxOutput: 10}, JobOpts{})
 		return err
 	}
-	resolve := func(c *conn) error {
-		_, err := c.resolve(ctxFor(t), []string{"ls"}, ".")
+	resolve := func(c *Conn) error {
+		_, err := c.Resolve(ctxFor(t), []string{"ls"}, ".")
 		return err
 	}
 	for _, tc := range []struct {
 		name   string
-		call   func(*conn) error
+		call   func(*Conn) error
 		answer func(a *agentEnd, req agentproto.Frame)
 		why    string
 	}{
@@ -223,20 +223,20 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 			a.send(req.ID, agentproto.KindStdout, nil, []byte("6789!"))
 			a.send(req.ID, agentproto.KindExit, agentproto.ExecResult{}, nil)
 		}, "more than the 10 bytes of stdout asked for"},
-		{"a snapshot longer than its limit", func(c *conn) error {
-			_, err := c.snapshot(ctxFor(t), io.Discard, agentproto.Limits{MaxBytes: 100})
+		{"a snapshot longer than its limit", func(c *Conn) error {
+			_, err := c.Snapshot(ctxFor(t), io.Discard, agentproto.Limits{MaxBytes: 100})
 			return err
 		}, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, make([]byte, 101))
 		}, "snapshot stream exceeds 100 bytes"},
-		{"a list with more entries than asked for", func(c *conn) error {
-			_, _, err := listed(c.list(ctxFor(t), ".", ListOptions{Recursive: false, MaxEntries: 1}))
+		{"a list with more entries than asked for", func(c *Conn) error {
+			_, _, err := listed(c.List(ctxFor(t), ".", ListOptions{Recursive: false, MaxEntries: 1}))
 			return err
 		}, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, []byte(`{"path":"a","type":"file"}`+"\n"+`{"path":"b","type":"file"}`+"\n"))
 		}, "list entry out of bounds"},
-		{"a list entry of an unknown type", func(c *conn) error {
-			_, _, err := listed(c.list(ctxFor(t), ".", ListOptions{Recursive: false, MaxEntries: 5}))
+		{"a list entry of an unknown type", func(c *Conn) error {
+			_, _, err := listed(c.List(ctxFor(t), ".", ListOptions{Recursive: false, MaxEntries: 5}))
 			return err
 		}, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, []byte(`{"path":"a","type":"door"}`+"\n"))
@@ -250,10 +250,21 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 		{"data in answer to a resolve", resolve, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindData, nil, []byte("/bin/ls"))
 		}, "data frame in answer to resolve"},
-		{"a result in answer to a ping", func(c *conn) error {
+		// A request without onStream (a read) takes no stdout; one without
+		// onData (a job read) takes no data: see request.
+		{"stdout in answer to a read", read, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindStdout, nil, []byte("x"))
+		}, "stdout frame in answer to read"},
+		{"data in answer to a job read", func(c *Conn) error {
+			_, err := c.Job(ctxFor(t), agentproto.JobRequest{Job: 1, Max: 10})
+			return err
+		}, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindData, nil, []byte("x"))
+		}, "data frame in answer to job"},
+		{"a result in answer to a ping", func(c *Conn) error {
 			// The manager ends the sandbox on any error of a ping; the
 			// model sees what the next call then gets.
-			return unavailable(c.ping(ctxFor(t)))
+			return unavailable(c.Ping(ctxFor(t)))
 		}, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindResult, nil, nil)
 		}, `"result" frame in answer to ping`},
@@ -283,7 +294,7 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 			start := time.Now()
 			err := tc.call(c)
 			wantBroken(t, c, a, err, tc.why)
-			t.Logf("ended after %s: %v", time.Since(start).Round(time.Millisecond), c.err())
+			t.Logf("ended after %s: %v", time.Since(start).Round(time.Millisecond), c.Err())
 		})
 	}
 }
@@ -311,9 +322,9 @@ func TestConnAgentGone(t *testing.T) {
 				}
 				a.drain()
 			})
-			_, err := c.readFile(ctxFor(t), "f", 0, 0, 10)
+			_, err := c.ReadFile(ctxFor(t), "f", 0, 0, 10)
 			wantCode(t, err, errcode.Unavailable)
-			if cerr := c.err(); cerr == nil || cerr.Error() != tc.why || errors.Is(cerr, errProtocol) {
+			if cerr := c.Err(); cerr == nil || cerr.Error() != tc.why || errors.Is(cerr, errProtocol) {
 				t.Fatalf("the connection ended with %v, want %q", cerr, tc.why)
 			}
 		})
@@ -425,30 +436,30 @@ func TestConnDesignedFailuresKeepTheConnection(t *testing.T) {
 	ctx := ctxFor(t)
 	alive := func(step string) {
 		t.Helper()
-		if err := c.ping(ctx); err != nil {
+		if err := c.Ping(ctx); err != nil {
 			t.Fatalf("after %s: ping: %v", step, err)
 		}
 	}
 
-	res, err := c.readFile(ctx, "f", 0, 0, 10)
+	res, err := c.ReadFile(ctx, "f", 0, 0, 10)
 	if err != nil || string(res.Data) != "abc" {
 		t.Fatalf("read: %q %v", res.Data, err)
 	}
 	alive("late frames of an ended request")
 
-	_, err = c.resolve(ctx, []string{"ls"}, ".")
+	_, err = c.Resolve(ctx, []string{"ls"}, ".")
 	if _, ok := errcode.As(err); ok || err == nil || !strings.Contains(err.Error(), "POLICY_DENIED: trust me") {
 		t.Fatalf("an agent's POLICY_DENIED came back as %v", err)
 	}
 	alive("an error with a code the agent may not send")
 
-	_, err = c.writeFile(ctx, "d/f", strings.NewReader("x"), 1, false, 0o644)
+	_, err = c.WriteFile(ctx, "d/f", strings.NewReader("x"), 1, false, 0o644)
 	if e := wantCode(t, err, errcode.NotFound); e.Message != "no such directory" {
 		t.Fatalf("the agent's error: %v", e)
 	}
 	alive("an error")
 
-	entries, truncated, err := listed(c.list(ctx, ".", ListOptions{Recursive: false, MaxEntries: 1}))
+	entries, truncated, err := listed(c.List(ctx, ".", ListOptions{Recursive: false, MaxEntries: 1}))
 	if err != nil || !truncated || len(entries) != 0 {
 		t.Fatalf("a list past its byte cap: %v truncated=%v %v", entries, truncated, err)
 	}
@@ -458,7 +469,7 @@ func TestConnDesignedFailuresKeepTheConnection(t *testing.T) {
 		t.Fatal("the list past its byte cap was not cancelled")
 	}
 	alive("a list past its byte cap")
-	if err := c.err(); err != nil {
+	if err := c.Err(); err != nil {
 		t.Fatalf("the connection ended: %v", err)
 	}
 }
@@ -476,7 +487,7 @@ func TestConnSilentAgent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if err := c.ping(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := c.Ping(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ping of a silent agent: %v", err)
 	}
 	if took := time.Since(start); took > 2*time.Second {
@@ -486,10 +497,10 @@ func TestConnSilentAgent(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start = time.Now()
-	_, err := c.exec(ctx, ExecRequest{Argv: []string{"sleep", "1000"}, Cwd: ".", Timeout: time.Hour})
+	_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sleep", "1000"}, Cwd: ".", Timeout: time.Hour}, JobOpts{})
 	took := time.Since(start)
 	wantCode(t, err, errcode.Unavailable)
-	if cerr := c.err(); cerr == nil || !strings.Contains(cerr.Error(), "did not stop a command it was told to stop") {
+	if cerr := c.Err(); cerr == nil || !strings.Contains(cerr.Error(), "did not stop a command it was told to stop") {
 		t.Fatalf("the connection after an unanswered cancel: %v", cerr)
 	}
 	if took < cancelGrace || took > cancelGrace+5*time.Second {
@@ -511,7 +522,7 @@ type fakeAgent struct {
 }
 
 // newFakeConn returns a conn whose agent is a fakeAgent.
-func newFakeConn(t *testing.T) (*conn, *fakeAgent) {
+func newFakeConn(t *testing.T) (*Conn, *fakeAgent) {
 	t.Helper()
 	fa := &fakeAgent{execs: make(chan agentproto.ExecRequest, 4), sizes: make(chan int, 4)}
 	c, a := hostileConn(t, func(a *agentEnd) {
@@ -590,17 +601,17 @@ func TestConnRequestTooLargeFailsOnlyTheCall(t *testing.T) {
 	ctx := context.Background()
 
 	huge := ExecRequest{Argv: []string{"echo", strings.Repeat("<", agentproto.MaxRequestHeader/6+1)}, Cwd: ".", Timeout: time.Second}
-	_, err := c.exec(ctx, huge)
+	_, err := c.Exec(ctx, huge, JobOpts{})
 	e := wantCode(t, err, errcode.TooLarge)
 	if !strings.Contains(e.Message, "stdin") || !strings.Contains(e.Message, fmt.Sprint(agentproto.MaxRequestHeader)) {
 		t.Fatalf("the refusal does not say what to do: %s", e.Message)
 	}
-	if err := c.err(); err != nil {
+	if err := c.Err(); err != nil {
 		t.Fatalf("the connection ended: %v", err)
 	}
 
 	worst := worstExec(t)
-	if _, err := c.exec(ctx, worst); err != nil {
+	if _, err := c.Exec(ctx, worst, JobOpts{}); err != nil {
 		t.Fatalf("the largest exec the policy allows: %v", err)
 	}
 	// The agent saw nothing of the refused request: the next frame it read
@@ -633,13 +644,13 @@ func TestConnWriteErrorEndsTheConnection(t *testing.T) {
 		return nil
 	})
 	defer raw.Close()
-	c, err := newConn(ctxFor(t), outR, inW, raw, time.Minute, testLogger(t))
+	c, err := New(ctxFor(t), outR, inW, raw, time.Minute, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second})
+	_, err = c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: time.Second}, JobOpts{})
 	wantCode(t, err, errcode.Unavailable)
-	if err := c.err(); err == nil || !strings.Contains(err.Error(), "writing to the agent") {
+	if err := c.Err(); err == nil || !strings.Contains(err.Error(), "writing to the agent") {
 		t.Fatalf("the connection after a write error: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"bytes"
@@ -31,7 +31,7 @@ type realAgent struct {
 // privileges), so the tests stay clear of exec's start of a command, which
 // needs the identity DropPrivileges sets up; everything else is the agent
 // of a sandbox.
-func realAgentConn(t *testing.T, lease time.Duration) (*conn, *realAgent) {
+func realAgentConn(t *testing.T, lease time.Duration) (*Conn, *realAgent) {
 	t.Helper()
 	ra := &realAgent{workspace: t.TempDir(), bin: t.TempDir(), served: make(chan error, 1)}
 	if err := os.WriteFile(filepath.Join(ra.bin, "tool"), []byte("#!/bin/sh\n"), 0o755); err != nil {
@@ -64,7 +64,7 @@ func realAgentConn(t *testing.T, lease time.Duration) (*conn, *realAgent) {
 			t.Error("the agent did not return after its stream closed")
 		}
 	})
-	c, err := newConn(ctxFor(t), outR, inW, ra.raw, lease, testLogger(t))
+	c, err := New(ctxFor(t), outR, inW, ra.raw, lease, testLogger(t))
 	if err != nil {
 		t.Fatalf("newConn with the real agent: %v", err)
 	}
@@ -85,51 +85,51 @@ func TestConnWithTheRealAgent(t *testing.T) {
 		h.Workspace != ra.workspace || h.CommandUID != 1000 || h.CommandGID != 1000 || h.CommandGroups[1] == 0 {
 		t.Fatalf("hello: %+v", h)
 	}
-	if err := c.ping(ctx); err != nil {
+	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("ping: %v", err)
 	}
 
-	w, err := c.writeFile(ctx, "a.txt", strings.NewReader("hello\n"), 6, false, 0o644)
+	w, err := c.WriteFile(ctx, "a.txt", strings.NewReader("hello\n"), 6, false, 0o644)
 	if err != nil || w.Written != 6 || w.Size != 6 {
 		t.Fatalf("write: %+v %v", w, err)
 	}
-	r, err := c.readFile(ctx, "a.txt", 0, 0, 100)
+	r, err := c.ReadFile(ctx, "a.txt", 0, 0, 100)
 	if err != nil || string(r.Data) != "hello\n" || r.Size != 6 || r.Truncated {
 		t.Fatalf("read: %+v %v", r, err)
 	}
-	r, err = c.readFile(ctx, "a.txt", 1, 0, 3)
+	r, err = c.ReadFile(ctx, "a.txt", 1, 0, 3)
 	if err != nil || string(r.Data) != "ell" || r.Size != 6 || !r.Truncated {
 		t.Fatalf("a read cut at 3 bytes: %+v %v", r, err)
 	}
-	_, err = c.readFile(ctx, "../outside", 0, 0, 100)
+	_, err = c.ReadFile(ctx, "../outside", 0, 0, 100)
 	wantCode(t, err, errcode.OutsideWorkspace)
 
-	entries, truncated, err := listed(c.list(ctx, ".", ListOptions{Recursive: false, MaxEntries: 10}))
+	entries, truncated, err := listed(c.List(ctx, ".", ListOptions{Recursive: false, MaxEntries: 10}))
 	if err != nil || truncated || len(entries) != 1 || entries[0].Path != "a.txt" || entries[0].Size != 6 {
 		t.Fatalf("list: %+v %v %v", entries, truncated, err)
 	}
 
-	paths, err := c.resolve(ctx, []string{"tool", "missing"}, ".")
+	paths, err := c.Resolve(ctx, []string{"tool", "missing"}, ".")
 	if err != nil || !slices.Equal(paths, []string{filepath.Join(ra.bin, "tool"), ""}) {
 		t.Fatalf("resolve: %q %v", paths, err)
 	}
-	_, err = c.exec(ctx, ExecRequest{Argv: []string{"missing"}, Cwd: ".", Timeout: time.Second, MaxOutput: 10})
+	_, err = c.Exec(ctx, ExecRequest{Argv: []string{"missing"}, Cwd: ".", Timeout: time.Second, MaxOutput: 10}, JobOpts{})
 	wantCode(t, err, errcode.NotFound)
 
 	var tarball bytes.Buffer
 	lim := agentproto.Limits{MaxBytes: 1 << 20, MaxEntries: 100, MaxDepth: 10}
-	snap, err := c.snapshot(ctx, &tarball, lim)
+	snap, err := c.Snapshot(ctx, &tarball, lim)
 	if err != nil || snap.Files != 1 || snap.Bytes != int64(tarball.Len()) {
 		t.Fatalf("snapshot: %+v (%d bytes) %v", snap, tarball.Len(), err)
 	}
-	if _, err := c.writeFile(ctx, "b.txt", strings.NewReader("later"), 5, false, 0o644); err != nil {
+	if _, err := c.WriteFile(ctx, "b.txt", strings.NewReader("later"), 5, false, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rest, err := c.restore(ctx, &tarball, lim)
+	rest, err := c.Restore(ctx, &tarball, lim)
 	if err != nil || rest.Files != 1 {
 		t.Fatalf("restore: %+v %v", rest, err)
 	}
-	if entries, _, err := listed(c.list(ctx, ".", ListOptions{Recursive: false, MaxEntries: 10})); err != nil || len(entries) != 1 || entries[0].Path != "a.txt" {
+	if entries, _, err := listed(c.List(ctx, ".", ListOptions{Recursive: false, MaxEntries: 10})); err != nil || len(entries) != 1 || entries[0].Path != "a.txt" {
 		t.Fatalf("after the restore: %+v %v", entries, err)
 	}
 
@@ -146,7 +146,7 @@ func TestConnWithTheRealAgent(t *testing.T) {
 	if e := wantCode(t, c.decodeError(f), errcode.InvalidArgument); !strings.Contains(e.Message, `unknown request kind "shell"`) {
 		t.Fatalf("an unknown request kind: %v", e)
 	}
-	if err := c.ping(ctx); err != nil {
+	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("ping after the errors: %v", err)
 	}
 
@@ -183,7 +183,7 @@ func TestRealAgentEndsWhenTheServerIsSilent(t *testing.T) {
 	}
 	select {
 	case <-c.dead:
-		if err := c.err(); err.Error() != "the agent's stream ended" {
+		if err := c.Err(); err.Error() != "the agent's stream ended" {
 			t.Fatalf("the connection ended with %v", err)
 		}
 	case <-time.After(callTimeout):

@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"archive/tar"
@@ -40,14 +40,14 @@ func hugeSparse(t *testing.T, ra *realAgent, rel, head string) {
 // freed fails the test unless the agent's workspace lock is free within
 // limit: a restore (of an empty tree) takes it alone, so it waits for any
 // operation still in flight.
-func freed(t *testing.T, c *conn, limit time.Duration) {
+func freed(t *testing.T, c *Conn, limit time.Duration) {
 	t.Helper()
 	var empty bytes.Buffer
 	tar.NewWriter(&empty).Close()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	start := time.Now()
-	if _, err := c.restore(ctx, &empty, agentproto.TreeLimits(1<<20)); err != nil {
+	if _, err := c.Restore(ctx, &empty, agentproto.TreeLimits(1<<20)); err != nil {
 		t.Fatalf("a restore after the abandoned operation: %v after %v: the agent still holds the workspace", err, time.Since(start).Round(time.Millisecond))
 	}
 }
@@ -60,7 +60,7 @@ func TestAgentStopsALineReadTheServerGaveUpOn(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	_, err := c.read(ctx, agentproto.ReadRequest{Path: "huge", StartLine: 2, Max: 1 << 20})
+	_, err := c.Read(ctx, agentproto.ReadRequest{Path: "huge", StartLine: 2, Max: 1 << 20})
 	if err == nil {
 		t.Fatal("a line read of a huge file within 500 ms succeeded")
 	}
@@ -69,7 +69,7 @@ func TestAgentStopsALineReadTheServerGaveUpOn(t *testing.T) {
 	hugeSparse(t, ra, "huge", "one\n")
 	ctx, cancel = context.WithCancel(context.Background())
 	time.AfterFunc(300*time.Millisecond, cancel)
-	if _, err := c.read(ctx, agentproto.ReadRequest{Path: "huge", StartLine: 2, Max: 1 << 20}); err == nil {
+	if _, err := c.Read(ctx, agentproto.ReadRequest{Path: "huge", StartLine: 2, Max: 1 << 20}); err == nil {
 		t.Fatal("a cancelled line read succeeded")
 	}
 	freed(t, c, 20*time.Second)
@@ -110,7 +110,7 @@ func TestLineReadStopsAtItsScanBound(t *testing.T) {
 	defer cancel()
 	// Line 2 starts in the bytes scanned (and goes on past them); line 3
 	// is not in them.
-	_, err := c.read(ctx, agentproto.ReadRequest{Path: "huge", StartLine: 3, Max: 1 << 20, MaxScan: 8 << 20})
+	_, err := c.Read(ctx, agentproto.ReadRequest{Path: "huge", StartLine: 3, Max: 1 << 20, MaxScan: 8 << 20})
 	if e := wantCode(t, err, errcode.InvalidArgument); !strings.Contains(e.Message, "line 3 is not in the first 8388608 bytes") {
 		t.Fatalf("message: %s", e.Message)
 	}
@@ -128,7 +128,7 @@ func TestNearMissEditIsBounded(t *testing.T) {
 	old := strings.Repeat("a\n", 10_000) + "b\n" + strings.Repeat("a\n", 10_000) + "a"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := c.editFile(ctx, "big", []Edit{{OldText: old, NewText: "x"}}, 8<<20)
+	_, err := c.EditFile(ctx, "big", []Edit{{OldText: old, NewText: "x"}}, 8<<20)
 	wantCode(t, err, errcode.NotFound)
 	freed(t, c, 20*time.Second)
 }

@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"os"
@@ -21,11 +21,11 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	res, err := c.editFile(ctx, "a.txt", []Edit{{OldText: "two", NewText: "2", ReplaceAll: false}}, 1<<20)
+	res, err := c.EditFile(ctx, "a.txt", []Edit{{OldText: "two", NewText: "2", ReplaceAll: false}}, 1<<20)
 	if e, ok := errcode.As(err); !ok || e.Code != errcode.InvalidArgument {
 		t.Fatalf("ambiguous edit: %v", err)
 	}
-	res, err = c.editFile(ctx, "a.txt", []Edit{{OldText: "two", NewText: "2", ReplaceAll: true}}, 1<<20)
+	res, err = c.EditFile(ctx, "a.txt", []Edit{{OldText: "two", NewText: "2", ReplaceAll: true}}, 1<<20)
 	if err != nil || res.Replacements != 2 || res.Size != 14 {
 		t.Fatalf("edit: %+v %v", res, err)
 	}
@@ -36,25 +36,25 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 		t.Fatalf("mode not kept: %v", fi.Mode())
 	}
 
-	lr, err := c.read(ctx, agentproto.ReadRequest{Path: "a.txt", Max: 1 << 20, StartLine: 2, EndLine: 3})
+	lr, err := c.Read(ctx, agentproto.ReadRequest{Path: "a.txt", Max: 1 << 20, StartLine: 2, EndLine: 3})
 	if err != nil || string(lr.Data) != "2\n2\n" || lr.StartLine != 2 || lr.EndLine != 3 || lr.TotalLines != 4 || lr.Offset != 4 {
 		t.Fatalf("lines: %+v %q %v", lr, lr.Data, err)
 	}
 
-	mr, err := c.move(ctx, "a.txt", "sub/", false)
+	mr, err := c.Move(ctx, "a.txt", "sub/", false)
 	if err != nil || mr.To != "sub/a.txt" || mr.Type != agentproto.TypeFile {
 		t.Fatalf("move: %+v %v", mr, err)
 	}
-	if _, err := c.move(ctx, "sub/a.txt", "../escape", false); err == nil {
+	if _, err := c.Move(ctx, "sub/a.txt", "../escape", false); err == nil {
 		t.Fatal("move outside succeeded")
 	} else if e, ok := errcode.As(err); !ok || e.Code != errcode.OutsideWorkspace {
 		t.Fatalf("move outside: %v", err)
 	}
 
-	if _, err := c.deletePath(ctx, "sub", false); err == nil {
+	if _, err := c.Delete(ctx, "sub", false); err == nil {
 		t.Fatal("delete of a full directory without recursive succeeded")
 	}
-	dr, err := c.deletePath(ctx, "sub", true)
+	dr, err := c.Delete(ctx, "sub", true)
 	if err != nil || dr.Deleted != 2 || dr.Type != agentproto.TypeDir {
 		t.Fatalf("delete: %+v %v", dr, err)
 	}
@@ -62,7 +62,7 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 		t.Fatalf("sub still exists: %v", err)
 	}
 	// The connection is still good.
-	if _, err := c.editFile(ctx, "new.txt", []Edit{{OldText: "", NewText: "created", ReplaceAll: false}}, 1<<20); err != nil {
+	if _, err := c.EditFile(ctx, "new.txt", []Edit{{OldText: "", NewText: "created", ReplaceAll: false}}, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -70,25 +70,25 @@ func TestConnFileOpsWithTheRealAgent(t *testing.T) {
 // TestHostileAgentFileOps: an agent that answers an edit, a delete, a move
 // or a line read with a result out of bounds ends the connection.
 func TestHostileAgentFileOps(t *testing.T) {
-	edit := func(c *conn) error {
-		_, err := c.editFile(ctxFor(t), "f", []Edit{{OldText: "a", NewText: "b", ReplaceAll: false}}, 100)
+	edit := func(c *Conn) error {
+		_, err := c.EditFile(ctxFor(t), "f", []Edit{{OldText: "a", NewText: "b", ReplaceAll: false}}, 100)
 		return err
 	}
-	del := func(c *conn) error {
-		_, err := c.deletePath(ctxFor(t), "f", true)
+	del := func(c *Conn) error {
+		_, err := c.Delete(ctxFor(t), "f", true)
 		return err
 	}
-	move := func(c *conn) error {
-		_, err := c.move(ctxFor(t), "f", "g", false)
+	move := func(c *Conn) error {
+		_, err := c.Move(ctxFor(t), "f", "g", false)
 		return err
 	}
-	lines := func(c *conn) error {
-		_, err := c.read(ctxFor(t), agentproto.ReadRequest{Path: "f", Max: 10, StartLine: 1})
+	lines := func(c *Conn) error {
+		_, err := c.Read(ctxFor(t), agentproto.ReadRequest{Path: "f", Max: 10, StartLine: 1})
 		return err
 	}
 	for _, tc := range []struct {
 		name   string
-		call   func(*conn) error
+		call   func(*Conn) error
 		answer func(a *agentEnd, req agentproto.Frame)
 		why    string
 	}{

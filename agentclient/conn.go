@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"context"
@@ -18,14 +18,14 @@ import (
 // connection ends when one is seen.
 var errProtocol = errors.New("agent broke the protocol")
 
-// errRemoved ends the connection of a sandbox the server removes on
+// ErrRemoved ends the connection of a sandbox the server removes on
 // purpose: that is no fault, and is logged as information.
-var errRemoved = errors.New("the sandbox was removed")
+var ErrRemoved = errors.New("the sandbox was removed")
 
-// conn is the server's end of the protocol with one sandbox's agent, over a
+// Conn is the server's end of the protocol with one sandbox's agent, over a
 // stream of frames (for a container, its attach stream as demuxAttach
 // splits it). Everything read from it is untrusted.
-type conn struct {
+type Conn struct {
 	log   *slog.Logger
 	raw   io.Closer // the stream; closing it ends the agent
 	hello agentproto.Hello
@@ -56,12 +56,12 @@ var agentKinds = map[agentproto.Kind]bool{
 	agentproto.KindError: true,
 }
 
-// newConn takes over the agent's stream: r carries the agent's frames and
+// New takes over the agent's stream: r carries the agent's frames and
 // nothing else, w takes the server's frames, and closing raw ends both (and
 // with them the agent). It waits until ctx ends for the agent's hello, checks
 // it, and sends the lease. On any failure raw is closed.
-func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, log *slog.Logger) (*conn, error) {
-	c := &conn{
+func New(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, log *slog.Logger) (*Conn, error) {
+	c := &Conn{
 		log:   log,
 		raw:   raw,
 		w:     agentproto.NewWriter(w),
@@ -101,7 +101,7 @@ func newConn(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease
 
 // checkHello accepts the agent's first frame (or the error reading it) if it
 // is a hello on id 0 in this server's protocol version, and keeps its body.
-func (c *conn) checkHello(f agentproto.Frame, err error) error {
+func (c *Conn) checkHello(f agentproto.Frame, err error) error {
 	switch {
 	case errors.Is(err, io.EOF):
 		return errors.New("waiting for the agent's hello: the agent's stream ended")
@@ -123,33 +123,33 @@ func (c *conn) checkHello(f agentproto.Frame, err error) error {
 }
 
 // readLoop routes the agent's frames to the requests waiting for them.
-func (c *conn) readLoop(r *agentproto.Reader) {
+func (c *Conn) readLoop(r *agentproto.Reader) {
 	for {
 		f, err := r.Read()
 		switch {
 		case err == nil:
 		case errors.Is(err, io.EOF):
-			c.fail(errors.New("the agent's stream ended"))
+			c.Fail(errors.New("the agent's stream ended"))
 			return
 		case errors.Is(err, io.ErrUnexpectedEOF):
-			c.fail(errors.New("the agent's stream ended inside a frame"))
+			c.Fail(errors.New("the agent's stream ended inside a frame"))
 			return
 		case errors.Is(err, agentproto.ErrFrameTooLarge), errors.Is(err, agentproto.ErrBadHeader):
-			c.fail(fmt.Errorf("%w: %w", errProtocol, err))
+			c.Fail(fmt.Errorf("%w: %w", errProtocol, err))
 			return
 		default:
-			c.fail(fmt.Errorf("reading from the agent: %w", err))
+			c.Fail(fmt.Errorf("reading from the agent: %w", err))
 			return
 		}
 		if !agentKinds[f.Kind] {
-			c.fail(fmt.Errorf("%w: unexpected %q frame", errProtocol, f.Kind))
+			c.Fail(fmt.Errorf("%w: unexpected %q frame", errProtocol, f.Kind))
 			return
 		}
 		c.mu.Lock()
 		p, asked := c.calls[f.ID], f.ID != 0 && f.ID <= c.nextID
 		c.mu.Unlock()
 		if !asked {
-			c.fail(fmt.Errorf("%w: a %q frame for request %d, which the server never sent", errProtocol, f.Kind, f.ID))
+			c.Fail(fmt.Errorf("%w: a %q frame for request %d, which the server never sent", errProtocol, f.Kind, f.ID))
 			return
 		}
 		if p == nil {
@@ -164,11 +164,17 @@ func (c *conn) readLoop(r *agentproto.Reader) {
 	}
 }
 
-// fail ends the connection once, recording why.
-func (c *conn) fail(err error) {
+// Hello is what the agent said of itself when the connection began.
+func (c *Conn) Hello() agentproto.Hello { return c.hello }
+
+// Done is closed when the connection ends.
+func (c *Conn) Done() <-chan struct{} { return c.dead }
+
+// Fail ends the connection once, recording why.
+func (c *Conn) Fail(err error) {
 	if c.deadErr.CompareAndSwap(nil, &err) {
 		level := slog.LevelWarn
-		if errors.Is(err, errRemoved) {
+		if errors.Is(err, ErrRemoved) {
 			level = slog.LevelInfo
 		}
 		c.log.Log(context.Background(), level, "session: agent connection ended", "err", err)
@@ -177,8 +183,8 @@ func (c *conn) fail(err error) {
 	}
 }
 
-// err returns why the connection ended, or nil while it is alive.
-func (c *conn) err() error {
+// Err returns why the connection ended, or nil while it is alive.
+func (c *Conn) Err() error {
 	if p := c.deadErr.Load(); p != nil {
 		return *p
 	}
@@ -188,22 +194,22 @@ func (c *conn) err() error {
 // send writes one frame. A frame the writer refuses before writing a byte
 // (too large, or a body that does not encode) fails only its request: the
 // stream is intact. Any other write error ends the connection.
-func (c *conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
+func (c *Conn) send(id uint64, kind agentproto.Kind, body any, payload []byte) error {
 	return c.write(kind, func(w *agentproto.Writer) error { return w.Write(id, kind, body, payload) })
 }
 
 // sendRequest writes a request's first frame, telling the agent to stop
 // the request once timeout has passed (0: no limit; see
 // agentproto.Header.TimeoutMillis). Errors are as send's.
-func (c *conn) sendRequest(id uint64, kind agentproto.Kind, timeout time.Duration, body any) error {
+func (c *Conn) sendRequest(id uint64, kind agentproto.Kind, timeout time.Duration, body any) error {
 	return c.write(kind, func(w *agentproto.Writer) error { return w.WriteRequest(id, kind, timeout, body) })
 }
 
 // write runs one frame's write under the write lock and sorts its error.
-func (c *conn) write(kind agentproto.Kind, write func(*agentproto.Writer) error) error {
+func (c *Conn) write(kind agentproto.Kind, write func(*agentproto.Writer) error) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if err := c.err(); err != nil {
+	if err := c.Err(); err != nil {
 		return err
 	}
 	err := write(c.w)
@@ -217,20 +223,20 @@ func (c *conn) write(kind agentproto.Kind, write func(*agentproto.Writer) error)
 	case errors.Is(err, agentproto.ErrNotSent):
 		return errLocal{fmt.Errorf("session: %w", err)}
 	default:
-		c.fail(fmt.Errorf("writing to the agent: %w", err))
+		c.Fail(fmt.Errorf("writing to the agent: %w", err))
 		return err
 	}
 }
 
 // noteJob records a job id about to be sent in an exec.
-func (c *conn) noteJob(id uint64) {
+func (c *Conn) noteJob(id uint64) {
 	c.mu.Lock()
 	c.maxJob = max(c.maxJob, id)
 	c.mu.Unlock()
 }
 
-// knowsJob reports whether id is a job id this server sent.
-func (c *conn) knowsJob(id uint64) bool {
+// KnowsJob reports whether id is a job id this server sent.
+func (c *Conn) KnowsJob(id uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return id != 0 && id <= c.maxJob
@@ -239,7 +245,7 @@ func (c *conn) knowsJob(id uint64) bool {
 // open registers a request and sends its first frame. The agent stops the
 // request when ctx's deadline passes (the server stops waiting for it
 // then); without a deadline it works until it is done or cancelled.
-func (c *conn) open(ctx context.Context, kind agentproto.Kind, body any) (*pending, error) {
+func (c *Conn) open(ctx context.Context, kind agentproto.Kind, body any) (*pending, error) {
 	var timeout time.Duration
 	if dl, ok := ctx.Deadline(); ok {
 		// A deadline already passed still sets one: the agent stops at once.
@@ -258,7 +264,7 @@ func (c *conn) open(ctx context.Context, kind agentproto.Kind, body any) (*pendi
 }
 
 // close stops listening for a request's frames.
-func (c *conn) close(p *pending) {
+func (c *Conn) close(p *pending) {
 	c.mu.Lock()
 	if c.calls[p.id] == p {
 		delete(c.calls, p.id)
@@ -268,7 +274,7 @@ func (c *conn) close(p *pending) {
 }
 
 // sendData sends a request's input as data frames and an eof frame.
-func (c *conn) sendData(p *pending, data []byte) error {
+func (c *Conn) sendData(p *pending, data []byte) error {
 	for len(data) > 0 {
 		n := min(len(data), agentproto.ChunkSize)
 		if err := c.send(p.id, agentproto.KindData, nil, data[:n]); err != nil {
@@ -280,13 +286,13 @@ func (c *conn) sendData(p *pending, data []byte) error {
 }
 
 // cancel asks the agent to stop a request.
-func (c *conn) cancel(p *pending) {
+func (c *Conn) cancel(p *pending) {
 	_ = c.send(p.id, agentproto.KindCancel, nil, nil)
 }
 
 // next waits for the request's next frame. It fails when ctx ends or the
 // connection dies.
-func (c *conn) next(ctx context.Context, p *pending) (agentproto.Frame, error) {
+func (c *Conn) next(ctx context.Context, p *pending) (agentproto.Frame, error) {
 	select {
 	case f := <-p.frames:
 		return f, nil
@@ -297,16 +303,16 @@ func (c *conn) next(ctx context.Context, p *pending) (agentproto.Frame, error) {
 			return f, nil
 		default:
 		}
-		return agentproto.Frame{}, c.err()
+		return agentproto.Frame{}, c.Err()
 	case <-ctx.Done():
 		return agentproto.Frame{}, context.Cause(ctx)
 	}
 }
 
-// ping checks that the agent answers within ctx. An answer other than pong
+// Ping checks that the agent answers within ctx. An answer other than pong
 // ends the connection; an agent that does not answer in time is the
 // caller's to judge (the error is ctx's).
-func (c *conn) ping(ctx context.Context) error {
+func (c *Conn) Ping(ctx context.Context) error {
 	p, err := c.open(ctx, agentproto.KindPing, nil)
 	if err != nil {
 		return err
@@ -317,8 +323,8 @@ func (c *conn) ping(ctx context.Context) error {
 		return err
 	}
 	if f.Kind != agentproto.KindPong {
-		c.fail(fmt.Errorf("%w: %q frame in answer to ping", errProtocol, f.Kind))
-		return c.err()
+		c.Fail(fmt.Errorf("%w: %q frame in answer to ping", errProtocol, f.Kind))
+		return c.Err()
 	}
 	return nil
 }

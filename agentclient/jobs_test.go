@@ -1,4 +1,4 @@
-package session
+package agentclient
 
 import (
 	"strings"
@@ -15,23 +15,23 @@ import (
 // background exec answered with output or a status that is not one all
 // end the connection with a protocol error that says so.
 func TestHostileAgentJobReplies(t *testing.T) {
-	jobRead := func(c *conn) error {
-		_, err := c.job(ctxFor(t), agentproto.JobRequest{Job: 3, StdoutOffset: -1, StderrOffset: -1, Max: 10})
+	jobRead := func(c *Conn) error {
+		_, err := c.Job(ctxFor(t), agentproto.JobRequest{Job: 3, StdoutOffset: -1, StderrOffset: -1, Max: 10})
 		return err
 	}
-	list := func(c *conn) error {
+	list := func(c *Conn) error {
 		c.noteJob(3)
-		_, err := c.jobs(ctxFor(t), 2)
+		_, err := c.Jobs(ctxFor(t), 2)
 		return err
 	}
-	background := func(c *conn) error {
-		_, err := c.exec(ctxFor(t), ExecRequest{Argv: []string{"sleep", "9"}, Cwd: ".", MaxOutput: 10, Background: true, job: jobOpts{id: 3}})
+	background := func(c *Conn) error {
+		_, err := c.Exec(ctxFor(t), ExecRequest{Argv: []string{"sleep", "9"}, Cwd: ".", MaxOutput: 10, Background: true}, JobOpts{ID: 3})
 		return err
 	}
 	running := agentproto.JobStatus{Job: 3, State: agentproto.JobRunning}
 	for _, tc := range []struct {
 		name   string
-		call   func(*conn) error
+		call   func(*Conn) error
 		answer func(a *agentEnd, req agentproto.Frame)
 		why    string
 	}{
@@ -85,7 +85,7 @@ func TestHostileAgentJobReplies(t *testing.T) {
 			start := time.Now()
 			err := tc.call(c)
 			wantBroken(t, c, a, err, tc.why)
-			t.Logf("ended after %s: %v", time.Since(start).Round(time.Millisecond), c.err())
+			t.Logf("ended after %s: %v", time.Since(start).Round(time.Millisecond), c.Err())
 		})
 	}
 }
