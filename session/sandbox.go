@@ -40,6 +40,7 @@ type Sandbox struct {
 	closeOnce sync.Once
 
 	mu     sync.Mutex
+	busy   *transition // a start or an idle save under way, or nil
 	cur    *instance
 	gen    int
 	lost   string // why the last container went away, until a call reports it
@@ -82,51 +83,104 @@ func (s *Sandbox) begin(ctx context.Context) (context.Context, func()) {
 	}
 }
 
-// ready returns the running container, starting one if there is none.
+// transition is a change of the sandbox's container under way outside s.mu: a
+// start (with the restore of its latest snapshot) or an idle removal's save
+// of the workspace. done is closed when it has finished and its result is
+// in the sandbox (cur, lost, restoreFrom); a call that finds one waits for
+// done, or leaves when its own context ends while the change goes on.
+type transition struct {
+	done chan struct{}
+}
+
+// ready returns the running container, starting one if there is none. The
+// start runs outside s.mu, so a call waiting for it can give up.
 func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	for s.busy != nil {
+		p := s.busy
+		s.mu.Unlock()
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		s.mu.Lock()
+	}
 	if s.closed {
+		s.mu.Unlock()
 		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
+	var old *instance // a container found dead, removed outside s.mu
 	if s.cur != nil {
 		if err := s.cur.conn.err(); err == nil {
-			return s.cur, nil
+			inst := s.cur
+			s.mu.Unlock()
+			return inst, nil
 		} else {
-			old := s.cur
+			old = s.cur
 			s.cur = nil
 			if !old.reported.Load() {
 				s.lost = fmt.Sprintf("lost its workspace and its jobs: its container stopped (%v)", err)
 			}
-			s.m.removeInstance(old)
 			s.planRecovery()
 		}
 	}
 	if s.lost != "" {
 		why := s.lost
 		s.lost = ""
-		return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
+		err := errcode.Errorf(errcode.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
+		s.mu.Unlock()
+		if old != nil {
+			s.m.removeInstance(old)
+		}
+		return nil, err
 	}
 	s.gen++
-	if id := s.restoreFrom; id != "" {
-		s.restoreFrom = ""
-		inst, err := s.m.startInstance(ctx, s.id, s.gen)
-		if err != nil {
-			return nil, err
-		}
-		s.cur = inst
-		if _, _, err := s.restoreInto(ctx, inst, id); err != nil {
-			s.m.log.Warn("restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
-			return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
-		}
-		s.m.log.Info("fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
-		return inst, nil
+	gen, from := s.gen, s.restoreFrom
+	s.restoreFrom = ""
+	p := &transition{done: make(chan struct{})}
+	s.busy = p
+	s.mu.Unlock()
+	defer close(p.done)
+	if old != nil {
+		s.m.removeInstance(old)
 	}
-	inst, err := s.m.newInstance(ctx, s.id, s.gen)
+	inst, err := s.start(ctx, gen, from)
+	s.mu.Lock()
+	closed := s.closed
+	if !closed && inst != nil {
+		s.cur = inst
+	}
+	s.busy = nil
+	s.mu.Unlock()
+	if closed && inst != nil {
+		// The session ended while the container started; close waits
+		// for done, so the container is gone when close returns.
+		s.m.removeInstance(inst)
+		return nil, sessionEnded()
+	}
 	if err != nil {
 		return nil, err
 	}
-	s.cur = inst
+	return inst, nil
+}
+
+// start starts generation gen of the sandbox's container, restoring the
+// snapshot from into it if from is set. A restore that fails still returns
+// the started instance with its error: the sandbox keeps it, empty.
+func (s *Sandbox) start(ctx context.Context, gen int, from string) (*instance, error) {
+	if from == "" {
+		return s.m.newInstance(ctx, s.id, gen)
+	}
+	inst, err := s.m.startInstance(ctx, s.id, gen)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := s.restoreInto(ctx, inst, from); err != nil {
+		s.m.log.Warn("restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", from, "err", err)
+		return inst, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, from, err)
+	}
+	s.m.log.Info("fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", from)
 	return inst, nil
 }
 
@@ -381,7 +435,13 @@ func (s *Sandbox) close() {
 		s.closed = true
 		inst := s.cur
 		s.cur = nil
+		p := s.busy
 		s.mu.Unlock()
+		if p != nil {
+			// A start, cancelled with s.ctx, removes what it made; an
+			// idle save ends with s.ctx too.
+			<-p.done
+		}
 		if inst != nil {
 			s.m.removeInstance(inst)
 		}
