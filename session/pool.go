@@ -101,11 +101,7 @@ func (m *Manager) takeWarm() (warm, bool) {
 	return m.pool.take(func(inst *instance) {
 		// m.mu is held and the manager open (see Sandbox), so Close
 		// waits for this removal.
-		m.removals.Add(1)
-		go func() {
-			defer m.removals.Done()
-			m.removeInstance(inst)
-		}()
+		m.removals.do(func() { m.removeInstance(inst) })
 	})
 }
 
