@@ -3,10 +3,12 @@ package session
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
@@ -99,6 +101,63 @@ func TestCallLeavesASlowStartWithItsOwnContext(t *testing.T) {
 		}
 		if sb.ContainerID() != starts[0].name {
 			t.Errorf("ContainerID = %q, want %q", sb.ContainerID(), starts[0].name)
+		}
+	})
+}
+
+// deafStart is fakeBackend whose starts wait until gate is closed and do
+// not heed their context meanwhile (an engine call that does not return
+// when it is abandoned).
+type deafStart struct {
+	*fakeBackend
+	gate chan struct{}
+}
+
+func (b *deafStart) Start(ctx context.Context, spec backend.InstanceSpec) (backend.Instance, error) {
+	<-b.gate
+	return b.fakeBackend.Start(context.WithoutCancel(ctx), spec)
+}
+
+// TestReleaseWaitsForAStartUnderWay: a sandbox released while its start is
+// under way (outside s.mu) is not gone until that start has ended and
+// removed what it made; the call that started it hears the session ended.
+func TestReleaseWaitsForAStartUnderWay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newFakeBackend(t)
+		deaf := &deafStart{fakeBackend: b, gate: make(chan struct{})}
+		m := fakeManager(t, b, func(o *Options) { o.Backend = deaf })
+		sb, err := m.Sandbox("k", "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make(chan error, 1)
+		go func() {
+			_, err := sb.List(context.Background(), ".", ListOptions{})
+			first <- err
+		}()
+		synctest.Wait()
+
+		released := make(chan struct{})
+		go func() {
+			m.Release("k")
+			close(released)
+		}()
+		synctest.Wait()
+		select {
+		case <-released:
+			t.Fatal("Release returned while the start was under way")
+		default:
+		}
+		close(deaf.gate)
+		<-released
+		for _, fi := range b.starts() {
+			if !fi.isRemoved() {
+				t.Errorf("instance %s started for the released sandbox is still there after Release", fi.name)
+			}
+		}
+		e := wantCode(t, <-first, errcode.Unavailable)
+		if !strings.Contains(e.Message, "session ended") {
+			t.Errorf("the starting call heard %q, want that the session ended", e.Message)
 		}
 	})
 }
