@@ -44,9 +44,9 @@ func (p *pool) size() int {
 	return len(p.ready)
 }
 
-// take returns a live warm container, if there is one.
-func (m *Manager) takeWarm() (warm, bool) {
-	p := m.pool
+// take returns a live warm container, if there is one; each dead one it
+// finds (it died while it waited) goes to discard.
+func (p *pool) take(discard func(*instance)) (warm, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.poke()
@@ -56,30 +56,61 @@ func (m *Manager) takeWarm() (warm, bool) {
 		if w.inst.conn.Err() == nil {
 			return w, true
 		}
-		// Died while it waited. m.mu is held and the manager open (see
-		// Sandbox), so Close waits for this removal.
-		m.removals.Add(1)
-		go func() {
-			defer m.removals.Done()
-			m.removeInstance(w.inst)
-		}()
+		discard(w.inst)
 	}
 	return warm{}, false
 }
 
-// poolNeeds reports whether the pool should grow: it is below its size and
-// the sandboxes plus warm containers are below --max-sessions.
-func (m *Manager) poolNeeds() bool {
-	m.mu.Lock()
-	active := len(m.byID)
-	m.mu.Unlock()
-	p := m.pool
+// put adds a started container and returns the number ready, or false if
+// the pool was drained: the caller removes the container.
+func (p *pool) put(w warm) (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, false
+	}
+	p.ready = append(p.ready, w)
+	return len(p.ready), true
+}
+
+// drain closes the pool and returns its containers, for the caller to
+// remove.
+func (p *pool) drain() []warm {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	ready := p.ready
+	p.ready = nil
+	return ready
+}
+
+// needs reports whether the pool should grow, with active sandboxes of at
+// most max (0: no limit): it is below its size and the sandboxes plus warm
+// containers are below max.
+func (p *pool) needs(active, max int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || len(p.ready) >= p.want {
 		return false
 	}
-	return m.opts.MaxSandboxes == 0 || active+len(p.ready) < m.opts.MaxSandboxes
+	return max == 0 || active+len(p.ready) < max
+}
+
+// takeWarm returns a live warm container, if there is one.
+func (m *Manager) takeWarm() (warm, bool) {
+	return m.pool.take(func(inst *instance) {
+		// m.mu is held and the manager open (see Sandbox), so Close
+		// waits for this removal.
+		m.removals.do(func() { m.removeInstance(inst) })
+	})
+}
+
+// poolNeeds reports whether the pool should grow (see pool.needs).
+func (m *Manager) poolNeeds() bool {
+	m.mu.Lock()
+	active := len(m.byID)
+	m.mu.Unlock()
+	return m.pool.needs(active, m.opts.MaxSandboxes)
 }
 
 // fillLoop keeps the pool full in the background, one container at a time,
@@ -105,15 +136,11 @@ func (m *Manager) fillLoop() {
 				continue
 			}
 			backoff = time.Second
-			m.pool.mu.Lock()
-			if m.pool.closed {
-				m.pool.mu.Unlock()
+			n, ok := m.pool.put(warm{id: id, inst: inst})
+			if !ok {
 				m.removeInstance(inst)
 				return
 			}
-			m.pool.ready = append(m.pool.ready, warm{id: id, inst: inst})
-			n := len(m.pool.ready)
-			m.pool.mu.Unlock()
 			m.log.Debug("warm pool", "ready", n, "want", m.pool.want)
 		}
 		select {
@@ -126,14 +153,8 @@ func (m *Manager) fillLoop() {
 
 // drainPool removes every warm container.
 func (m *Manager) drainPool() {
-	p := m.pool
-	p.mu.Lock()
-	p.closed = true
-	ready := p.ready
-	p.ready = nil
-	p.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, w := range ready {
+	for _, w := range m.pool.drain() {
 		wg.Go(func() { m.removeInstance(w.inst) })
 	}
 	wg.Wait()

@@ -78,12 +78,18 @@ func (m *Manager) reapLoop() {
 func (s *Sandbox) reapIdle(idle time.Duration) {
 	s.mu.Lock()
 	inst := s.cur
-	if inst == nil || s.inflight.Load() > 0 {
+	if inst == nil || s.busy != nil || s.inflight.Load() > 0 {
 		s.mu.Unlock()
 		return
 	}
+	// The save runs outside s.mu: a call that comes meanwhile waits for
+	// it, within its own context.
+	lost := fmt.Sprintf("was removed after %s unused (--idle-timeout)", idle.Round(time.Second))
 	s.cur = nil
-	s.lost = fmt.Sprintf("was removed after %s unused (--idle-timeout)", idle.Round(time.Second))
+	s.lost = lost // set now so that idle() sees there is a loss to report
+	p := &transition{done: make(chan struct{})}
+	s.busy = p
+	s.mu.Unlock()
 	if !s.m.opts.Policy.ReadOnly {
 		limit := idleSnapshotTimeout(s.m.opts.Policy)
 		ctx, cancel := context.WithTimeout(s.ctx, limit)
@@ -97,12 +103,16 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 		cancel()
 		if err != nil {
 			s.m.log.Warn("saving an idle sandbox's workspace failed", "sandbox", s.id, "err", err)
-			s.lost += fmt.Sprintf(", and saving its workspace failed (%v)", err)
+			lost += fmt.Sprintf(", and saving its workspace failed (%v)", err)
 		} else {
-			s.lost += fmt.Sprintf("; its workspace was saved as snapshot %s", info.ID)
+			lost += fmt.Sprintf("; its workspace was saved as snapshot %s", info.ID)
 		}
 	}
+	s.mu.Lock()
+	s.lost = lost
 	s.planRecovery()
+	s.busy = nil
 	s.mu.Unlock()
+	close(p.done)
 	s.m.removeInstance(inst)
 }

@@ -119,16 +119,10 @@ type Manager struct {
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
 	pmEnv   []string        // package managers' settings (packageManagerEnv)
 
-	ctx    context.Context // ends at Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // background work: removals, reaper, pings
-	// removals counts ReleaseSoon's removals still under way; Add happens
-	// under mu while the manager is open, so Close can wait for them.
-	removals sync.WaitGroup
-	// removing counts those removals; removed is closed (and replaced)
-	// whenever one ends, for a new sandbox waiting for room. Both under mu.
-	removing int
-	removed  chan struct{}
+	ctx      context.Context // ends at Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // background work: removals, reaper, pings
+	removals removals       // removals in the background; under mu
 
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
@@ -220,19 +214,19 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
-		opts:    opts,
-		backend: be,
-		log:     log.With("component", "session", "instance", opts.Instance),
-		snaps:   snaps,
-		seed:    sd,
-		pool:    newPool(opts.Warm),
-		proxy:   proxy,
-		pmEnv:   packageManagerEnv(allow),
-		ctx:     mctx,
-		cancel:  cancel,
-		removed: make(chan struct{}),
-		byKey:   make(map[string]*Sandbox),
-		byID:    make(map[string]*Sandbox),
+		opts:     opts,
+		backend:  be,
+		log:      log.With("component", "session", "instance", opts.Instance),
+		snaps:    snaps,
+		seed:     sd,
+		pool:     newPool(opts.Warm),
+		proxy:    proxy,
+		pmEnv:    packageManagerEnv(allow),
+		ctx:      mctx,
+		cancel:   cancel,
+		removals: removals{ended: make(chan struct{})},
+		byKey:    make(map[string]*Sandbox),
+		byID:     make(map[string]*Sandbox),
 	}
 	m.prep = &preparation{run: m.prepare, log: m.log, ctx: mctx, wg: &m.wg, logEvery: prepareLogEvery}
 	m.prep.mu.Lock()
@@ -325,11 +319,11 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 			wait.Stop()
 			break
 		}
-		if m.removing == 0 {
+		if m.removals.sandboxes == 0 {
 			wait.Stop()
 			return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
 		}
-		removed := m.removed
+		removed := m.removals.ended
 		m.mu.Unlock()
 		select {
 		case <-removed:
@@ -408,9 +402,10 @@ func (m *Manager) ReleaseSoon(key string) bool {
 	}
 	s.cancel() // end its calls now
 	go func() {
-		defer m.removals.Done()
 		m.remove(s)
-		m.removedSoon()
+		m.mu.Lock()
+		m.removals.sandboxEnded()
+		m.mu.Unlock()
 	}()
 	return true
 }
@@ -424,8 +419,7 @@ func (m *Manager) detach(key string, soon bool) (s *Sandbox, later bool) {
 	s = m.byKey[key]
 	delete(m.byKey, key)
 	if s != nil && soon && !m.closed {
-		m.removals.Add(1)
-		m.removing++
+		m.removals.sandboxBegins()
 		later = true
 	}
 	return s, later
@@ -440,14 +434,38 @@ func (m *Manager) remove(s *Sandbox) {
 	m.pool.poke() // room for another warm container
 }
 
-// removedSoon notes the end of one of ReleaseSoon's removals.
-func (m *Manager) removedSoon() {
-	m.mu.Lock()
-	m.removing--
-	close(m.removed)
-	m.removed = make(chan struct{})
-	m.mu.Unlock()
+// removals counts the removals under way in the background, for Close to
+// wait for them and a new sandbox to wait for room. Every method but wait
+// is called under Manager.mu while the manager is open.
+type removals struct {
+	wg sync.WaitGroup // every removal in the background
+	// sandboxes counts those of sandboxes (ReleaseSoon's), which still
+	// count against --max-sessions; ended is closed (and replaced)
+	// whenever one of them ends.
+	sandboxes int
+	ended     chan struct{}
 }
+
+// sandboxBegins counts a sandbox's removal, which the caller then runs and
+// ends with sandboxEnded.
+func (r *removals) sandboxBegins() {
+	r.wg.Add(1)
+	r.sandboxes++
+}
+
+// sandboxEnded notes the end of a sandbox's removal.
+func (r *removals) sandboxEnded() {
+	r.sandboxes--
+	close(r.ended)
+	r.ended = make(chan struct{})
+	r.wg.Done()
+}
+
+// do runs remove in the background, counted (a container, not a sandbox).
+func (r *removals) do(remove func()) { r.wg.Go(remove) }
+
+// wait returns when every removal counted has ended.
+func (r *removals) wait() { r.wg.Wait() }
 
 // Close removes every sandbox (waiting for removals already under way, and
 // for starts under way, which remove what they made when they are
@@ -470,7 +488,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		}
 		wg.Go(m.drainPool)
 		wg.Wait()
-		m.removals.Wait()
+		m.removals.wait()
 		m.cancel()
 		m.wg.Wait()
 		// No start runs any more: what carries this server's label

@@ -40,6 +40,7 @@ type Sandbox struct {
 	closeOnce sync.Once
 
 	mu     sync.Mutex
+	busy   *transition // a start or an idle save under way, or nil
 	cur    *instance
 	gen    int
 	lost   string // why the last container went away, until a call reports it
@@ -82,51 +83,119 @@ func (s *Sandbox) begin(ctx context.Context) (context.Context, func()) {
 	}
 }
 
-// ready returns the running container, starting one if there is none.
+// transition is a change of the sandbox's container under way outside s.mu: a
+// start (with the restore of its latest snapshot) or an idle removal's save
+// of the workspace. done is closed when it has finished and its result is
+// in the sandbox (cur, lost, restoreFrom); a call that finds one waits for
+// done, or leaves when its own context ends while the change goes on.
+type transition struct {
+	done chan struct{}
+}
+
+// call runs f on the sandbox's running container (started if there is
+// none) as one call: in flight, tied to the sandbox's life, and an error f
+// returns passed through failed, so a lost container is reported once.
+func call[T any](ctx context.Context, s *Sandbox, f func(context.Context, *instance) (T, error)) (T, error) {
+	ctx, end := s.begin(ctx)
+	defer end()
+	inst, err := s.ready(ctx)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	res, err := f(ctx, inst)
+	return res, s.failed(inst, err)
+}
+
+// ready returns the running container, starting one if there is none. The
+// start runs outside s.mu, so a call waiting for it can give up.
 func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	for s.busy != nil {
+		p := s.busy
+		s.mu.Unlock()
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		s.mu.Lock()
+	}
 	if s.closed {
+		s.mu.Unlock()
 		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
+	var old *instance // a container found dead, removed outside s.mu
 	if s.cur != nil {
 		if err := s.cur.conn.Err(); err == nil {
-			return s.cur, nil
+			inst := s.cur
+			s.mu.Unlock()
+			return inst, nil
 		} else {
-			old := s.cur
+			old = s.cur
 			s.cur = nil
 			if !old.reported.Load() {
 				s.lost = fmt.Sprintf("lost its workspace and its jobs: its container stopped (%v)", err)
 			}
-			s.m.removeInstance(old)
 			s.planRecovery()
 		}
 	}
 	if s.lost != "" {
 		why := s.lost
 		s.lost = ""
-		return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
+		err := errcode.Errorf(errcode.Unavailable, "sandbox %s %s. Call again: %s", s.id, why, s.nextStart())
+		s.mu.Unlock()
+		if old != nil {
+			s.m.removeInstance(old)
+		}
+		return nil, err
 	}
 	s.gen++
-	if id := s.restoreFrom; id != "" {
-		s.restoreFrom = ""
-		inst, err := s.m.startInstance(ctx, s.id, s.gen)
-		if err != nil {
-			return nil, err
-		}
-		s.cur = inst
-		if _, _, err := s.restoreInto(ctx, inst, id); err != nil {
-			s.m.log.Warn("restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", id, "err", err)
-			return nil, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, id, err)
-		}
-		s.m.log.Info("fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", id)
-		return inst, nil
+	gen, from := s.gen, s.restoreFrom
+	s.restoreFrom = ""
+	p := &transition{done: make(chan struct{})}
+	s.busy = p
+	s.mu.Unlock()
+	defer close(p.done)
+	if old != nil {
+		s.m.removeInstance(old)
 	}
-	inst, err := s.m.newInstance(ctx, s.id, s.gen)
+	inst, err := s.start(ctx, gen, from)
+	s.mu.Lock()
+	closed := s.closed
+	if !closed && inst != nil {
+		s.cur = inst
+	}
+	s.busy = nil
+	s.mu.Unlock()
+	if closed && inst != nil {
+		// The session ended while the container started; close waits
+		// for done, so the container is gone when close returns.
+		s.m.removeInstance(inst)
+		return nil, sessionEnded()
+	}
 	if err != nil {
 		return nil, err
 	}
-	s.cur = inst
+	return inst, nil
+}
+
+// start starts generation gen of the sandbox's container, restoring the
+// snapshot from into it if from is set. A restore that fails still returns
+// the started instance with its error: the sandbox keeps it, empty.
+func (s *Sandbox) start(ctx context.Context, gen int, from string) (*instance, error) {
+	if from == "" {
+		return s.m.newInstance(ctx, s.id, gen)
+	}
+	inst, err := s.m.startInstance(ctx, s.id, gen)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := s.restoreInto(ctx, inst, from); err != nil {
+		s.m.log.Warn("restoring the latest snapshot into a fresh sandbox failed", "sandbox", s.id, "snapshot", from, "err", err)
+		return inst, errcode.Errorf(errcode.Unavailable, "sandbox %s started afresh, but restoring its latest snapshot %s failed (%v); the workspace is empty. Call sandbox_restore to try again", s.id, from, err)
+	}
+	s.m.log.Info("fresh sandbox restored from its latest snapshot", "sandbox", s.id, "snapshot", from)
 	return inst, nil
 }
 
@@ -190,20 +259,16 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 		return ExecResult{}, errcode.Errorf(errcode.Busy,
 			"%d commands are already running in this sandbox, the most it runs at once (--max-jobs); wait for one to finish (sandbox_job with wait_ms), or end one (sandbox_job with signal KILL)", cap(s.execs))
 	}
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return ExecResult{}, err
-	}
-	jo := s.jobOpts()
-	if req.OnStart != nil {
-		req.OnStart(strconv.FormatUint(jo.ID, 10))
-	}
-	start := time.Now()
-	res, err := inst.conn.Exec(ctx, req, jo)
-	res.NetworkRefused = s.m.refusedSince(s.id, start)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (ExecResult, error) {
+		jo := s.jobOpts()
+		if req.OnStart != nil {
+			req.OnStart(strconv.FormatUint(jo.ID, 10))
+		}
+		start := time.Now()
+		res, err := inst.conn.Exec(ctx, req, jo)
+		res.NetworkRefused = s.m.refusedSince(s.id, start)
+		return res, err
+	})
 }
 
 // refusedSince returns what the egress proxy refused the sandbox id at or
@@ -222,14 +287,9 @@ func (m *Manager) refusedSince(id string, t time.Time) []NetworkRefusal {
 // Resolve resolves program names the way exec does (see
 // agentproto.ResolveRequest); "" marks a name not found.
 func (s *Sandbox) Resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out, err := inst.conn.Resolve(ctx, names, cwd)
-	return out, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) ([]string, error) {
+		return inst.conn.Resolve(ctx, names, cwd)
+	})
 }
 
 // Shell returns the shell a command string runs through: the first of
@@ -237,52 +297,40 @@ func (s *Sandbox) Resolve(ctx context.Context, names []string, cwd string) ([]st
 // has none). It is looked up once per container: the programs on the
 // agent's PATH are outside the workspace, on a read-only root filesystem.
 func (s *Sandbox) Shell(ctx context.Context) (name, path string, err error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return "", "", err
-	}
-	if sh := inst.shell.Load(); sh != nil {
-		return sh[0], sh[1], nil
-	}
-	found, err := inst.conn.Resolve(ctx, policy.Shells, ".")
-	if err != nil {
-		return "", "", s.failed(inst, err)
-	}
-	sh := [2]string{policy.Shells[0], ""}
-	for i, p := range found {
-		if p != "" {
-			sh = [2]string{policy.Shells[i], p}
-			break
+	sh, err := call(ctx, s, func(ctx context.Context, inst *instance) ([2]string, error) {
+		if sh := inst.shell.Load(); sh != nil {
+			return *sh, nil
 		}
-	}
-	inst.shell.Store(&sh)
-	return sh[0], sh[1], nil
+		found, err := inst.conn.Resolve(ctx, policy.Shells, ".")
+		if err != nil {
+			return [2]string{}, err
+		}
+		sh := [2]string{policy.Shells[0], ""}
+		for i, p := range found {
+			if p != "" {
+				sh = [2]string{policy.Shells[i], p}
+				break
+			}
+		}
+		inst.shell.Store(&sh)
+		return sh, nil
+	})
+	return sh[0], sh[1], err
 }
 
 // AllowedPrograms returns the resolved command allowlist of the current
 // container (resolved program → entry as configured).
 func (s *Sandbox) AllowedPrograms(ctx context.Context) (map[string]string, error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return inst.allowed, nil
+	return call(ctx, s, func(_ context.Context, inst *instance) (map[string]string, error) {
+		return inst.allowed, nil
+	})
 }
 
 // ReadFile reads up to maxBytes of a file.
 func (s *Sandbox) ReadFile(ctx context.Context, path string, offset, length, maxBytes int64) (ReadResult, error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return ReadResult{}, err
-	}
-	res, err := inst.conn.ReadFile(ctx, path, offset, length, maxBytes)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (ReadResult, error) {
+		return inst.conn.ReadFile(ctx, path, offset, length, maxBytes)
+	})
 }
 
 // WriteFile writes (or appends to) a file.
@@ -294,26 +342,16 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, appen
 // streamed to the sandbox without a copy of the whole content. If r fails
 // or holds fewer bytes, the file is left as it was and r's error returned.
 func (s *Sandbox) WriteFileFrom(ctx context.Context, path string, r io.Reader, size int64, appendTo bool, mode uint32) (WriteResult, error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return WriteResult{}, err
-	}
-	res, err := inst.conn.WriteFile(ctx, path, r, size, appendTo, mode)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (WriteResult, error) {
+		return inst.conn.WriteFile(ctx, path, r, size, appendTo, mode)
+	})
 }
 
 // List lists a directory (or one file).
 func (s *Sandbox) List(ctx context.Context, path string, o ListOptions) (ListResult, error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return ListResult{}, err
-	}
-	res, err := inst.conn.List(ctx, path, o)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (ListResult, error) {
+		return inst.conn.List(ctx, path, o)
+	})
 }
 
 // snaps is the sandbox owner's view of the snapshot store.
@@ -321,17 +359,12 @@ func (s *Sandbox) snaps() *snapshot.View { return s.m.snaps.For(s.owner) }
 
 // Snapshot archives the workspace into the server's snapshot store.
 func (s *Sandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, error) {
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return snapshot.Info{}, err
-	}
-	info, err := s.snaps().Create(label, s.id, func(w io.Writer) error {
-		_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
-		return err
+	return call(ctx, s, func(ctx context.Context, inst *instance) (snapshot.Info, error) {
+		return s.snaps().Create(label, s.id, func(w io.Writer) error {
+			_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
+			return err
+		})
 	})
-	return info, s.failed(inst, err)
 }
 
 // RestoreResult is what a restore did.
@@ -344,17 +377,18 @@ func (s *Sandbox) Restore(ctx context.Context, id string) (snapshot.Info, Restor
 	if d := s.m.opts.Policy.CanWrite(); !d.Allow {
 		return snapshot.Info{}, RestoreResult{}, d.Err()
 	}
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return snapshot.Info{}, RestoreResult{}, err
+	type restored struct {
+		info snapshot.Info
+		res  RestoreResult
 	}
-	info, res, err := s.restoreInto(ctx, inst, id)
-	if err != nil {
-		return info, RestoreResult{}, s.failed(inst, err)
-	}
-	return info, res, nil
+	r, err := call(ctx, s, func(ctx context.Context, inst *instance) (restored, error) {
+		info, res, err := s.restoreInto(ctx, inst, id)
+		if err != nil {
+			return restored{info: info}, err
+		}
+		return restored{info, res}, nil
+	})
+	return r.info, r.res, err
 }
 
 // restoreInto streams one of the owner's snapshots into an instance's
@@ -381,7 +415,13 @@ func (s *Sandbox) close() {
 		s.closed = true
 		inst := s.cur
 		s.cur = nil
+		p := s.busy
 		s.mu.Unlock()
+		if p != nil {
+			// A start, cancelled with s.ctx, removes what it made; an
+			// idle save ends with s.ctx too.
+			<-p.done
+		}
 		if inst != nil {
 			s.m.removeInstance(inst)
 		}
