@@ -292,38 +292,75 @@ func (s *Sandbox) Resolve(ctx context.Context, names []string, cwd string) ([]st
 	})
 }
 
+// Program is what a command would run as in one container, as one call
+// found it: the program (or shell) resolved, and that container's resolved
+// command allowlist, so that the policy decides on one container's answer.
+type Program struct {
+	// Name is the shell a command line runs through; for argv, the
+	// name asked about.
+	Name string
+	// Path is what Name resolves to; "" when the container has no such
+	// program.
+	Path string
+	// Allowed is the container's resolved command allowlist (resolved
+	// program → entry as configured); nil without an allowlist.
+	Allowed map[string]string
+}
+
+// Program answers in one call what a command would run as: for a command
+// line (shell), the shell it runs through (see Shell); else what name
+// resolves to from cwd the way exec does it; and, with either, the resolved
+// allowlist of the same container.
+func (s *Sandbox) Program(ctx context.Context, name, cwd string, shell bool) (Program, error) {
+	return call(ctx, s, func(ctx context.Context, inst *instance) (Program, error) {
+		pr := Program{Name: name, Allowed: inst.allowed}
+		if shell {
+			sh, err := inst.shellOf(ctx)
+			pr.Name, pr.Path = sh[0], sh[1]
+			return pr, err
+		}
+		paths, err := inst.conn.Resolve(ctx, []string{name}, cwd)
+		if err != nil {
+			return pr, err
+		}
+		if len(paths) != 1 {
+			return pr, fmt.Errorf("session: the sandbox resolved %d names for 1", len(paths))
+		}
+		pr.Path = paths[0]
+		return pr, nil
+	})
+}
+
 // Shell returns the shell a command string runs through: the first of
 // policy.Shells the container has, by name and resolved path ("" when it
-// has none). It is looked up once per container: the programs on the
-// agent's PATH are outside the workspace, on a read-only root filesystem.
+// has none).
 func (s *Sandbox) Shell(ctx context.Context) (name, path string, err error) {
 	sh, err := call(ctx, s, func(ctx context.Context, inst *instance) ([2]string, error) {
-		if sh := inst.shell.Load(); sh != nil {
-			return *sh, nil
-		}
-		found, err := inst.conn.Resolve(ctx, policy.Shells, ".")
-		if err != nil {
-			return [2]string{}, err
-		}
-		sh := [2]string{policy.Shells[0], ""}
-		for i, p := range found {
-			if p != "" {
-				sh = [2]string{policy.Shells[i], p}
-				break
-			}
-		}
-		inst.shell.Store(&sh)
-		return sh, nil
+		return inst.shellOf(ctx)
 	})
 	return sh[0], sh[1], err
 }
 
-// AllowedPrograms returns the resolved command allowlist of the current
-// container (resolved program → entry as configured).
-func (s *Sandbox) AllowedPrograms(ctx context.Context) (map[string]string, error) {
-	return call(ctx, s, func(_ context.Context, inst *instance) (map[string]string, error) {
-		return inst.allowed, nil
-	})
+// shellOf returns the container's shell, name and path. It is looked up
+// once per container: the programs on the agent's PATH are outside the
+// workspace, on a read-only root filesystem.
+func (inst *instance) shellOf(ctx context.Context) ([2]string, error) {
+	if sh := inst.shell.Load(); sh != nil {
+		return *sh, nil
+	}
+	found, err := inst.conn.Resolve(ctx, policy.Shells, ".")
+	if err != nil {
+		return [2]string{}, err
+	}
+	sh := [2]string{policy.Shells[0], ""}
+	for i, p := range found {
+		if p != "" {
+			sh = [2]string{policy.Shells[i], p}
+			break
+		}
+	}
+	inst.shell.Store(&sh)
+	return sh, nil
 }
 
 // ReadFile reads up to maxBytes of a file.

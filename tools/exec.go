@@ -168,36 +168,35 @@ type program struct {
 	allowed map[string]string // the resolved allowlist, when the policy has one
 }
 
-// findProgram asks the sandbox what in would run, each question once: for
-// a command line its shell, for argv under an allowlist the program
-// argv[0] resolves to, and, under an allowlist, the allowlist resolved.
-// Nothing is asked again after the policy decided on the answer (decide):
-// the exec that follows runs the very path decided on (ExecRequest.Program),
-// so the agent does not resolve argv[0] a second time.
+// findProgram asks the sandbox what in would run in one question, answered
+// by one container: for a command line its shell, for argv under an
+// allowlist the program argv[0] resolves to, with that container's
+// resolved allowlist. argv without an allowlist asks nothing. Nothing is
+// asked again after the policy decided on the answer (decide): the exec
+// that follows runs the very path decided on (ExecRequest.Program), so the
+// agent does not resolve argv[0] a second time.
 func findProgram(ctx context.Context, sb Sandbox, p policy.Policy, in execReq) (program, error) {
 	pr := program{argv: in.Argv}
+	var ans session.Program
 	var err error
 	switch {
 	case in.Command != "":
 		// The image's bash, else its sh, runs the line.
-		if pr.shell, pr.path, err = sb.Shell(ctx); err != nil {
+		if ans, err = sb.Program(ctx, "", in.Cwd, true); err != nil {
 			return pr, err
 		}
+		pr.shell = ans.Name
 		pr.argv = []string{pr.shell, "-c", in.Command}
 	case p.NeedsResolve():
-		paths, err := sb.Resolve(ctx, in.Argv[:1], in.Cwd)
-		if err != nil {
+		if ans, err = sb.Program(ctx, in.Argv[0], in.Cwd, false); err != nil {
 			return pr, err
 		}
-		if len(paths) != 1 {
-			return pr, fmt.Errorf("tools: the sandbox resolved %d names for 1", len(paths))
-		}
-		pr.path = paths[0]
+	default:
+		return pr, nil
 	}
+	pr.path = ans.Path
 	if p.NeedsResolve() {
-		if pr.allowed, err = sb.AllowedPrograms(ctx); err != nil {
-			return pr, err
-		}
+		pr.allowed = ans.Allowed
 	}
 	return pr, nil
 }

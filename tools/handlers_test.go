@@ -81,19 +81,16 @@ func (s *fakeSandbox) Exec(ctx context.Context, req session.ExecRequest) (sessio
 	return s.exec, nil
 }
 
-func (s *fakeSandbox) Resolve(ctx context.Context, names []string, cwd string) ([]string, error) {
-	s.f.record("Resolve %q", names)
-	return []string{"/usr/bin/" + names[0]}, nil
-}
-
-func (s *fakeSandbox) Shell(ctx context.Context) (string, string, error) {
-	s.f.record("Shell")
-	return "bash", "/usr/bin/bash", nil
-}
-
-func (s *fakeSandbox) AllowedPrograms(ctx context.Context) (map[string]string, error) {
-	s.f.record("AllowedPrograms")
-	return map[string]string{"/usr/bin/echo": "echo"}, nil
+// Program answers as a sandbox whose programs are all in /usr/bin, with
+// bash, and an allowlist of echo.
+func (s *fakeSandbox) Program(ctx context.Context, name, cwd string, shell bool) (session.Program, error) {
+	allowed := map[string]string{"/usr/bin/echo": "echo"}
+	if shell {
+		s.f.record("Program shell")
+		return session.Program{Name: "bash", Path: "/usr/bin/bash", Allowed: allowed}, nil
+	}
+	s.f.record("Program %q", name)
+	return session.Program{Name: name, Path: "/usr/bin/" + name, Allowed: allowed}, nil
 }
 
 func (s *fakeSandbox) ReadFile(ctx context.Context, path string, offset, length, maxBytes int64) (session.ReadResult, error) {
@@ -348,7 +345,7 @@ func TestExecAllowlistAsksTheSandbox(t *testing.T) {
 	if got := text(res); !res.IsError || !strings.HasPrefix(got, "POLICY_DENIED: ") {
 		t.Errorf("isError %v, text %q", res.IsError, got)
 	}
-	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", `Resolve ["rm"]`, "AllowedPrograms"}) {
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", `Program "rm"`}) {
 		t.Errorf("calls %q", calls)
 	}
 	res = r.call(NameExec, map[string]any{"argv": []string{"echo", "hi"}})
@@ -368,7 +365,7 @@ func TestCommandRunsThroughTheShell(t *testing.T) {
 	if res := r.call(NameExec, map[string]any{"command": "ls | head"}); res.IsError {
 		t.Fatalf("error: %s", text(res))
 	}
-	if calls := r.f.made(); !slices.Equal(calls[1:], []string{"Shell", `Exec ["bash" "-c" "ls | head"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`}) {
+	if calls := r.f.made(); !slices.Equal(calls[1:], []string{"Program shell", `Exec ["bash" "-c" "ls | head"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`}) {
 		t.Errorf("calls %q", calls)
 	}
 	r = newFakeRig(t, func(p *policy.Policy) { p.Exec, p.AllowCmds = policy.ExecAllowlist, []string{"echo"} })
@@ -376,7 +373,7 @@ func TestCommandRunsThroughTheShell(t *testing.T) {
 	if got := text(res); !res.IsError || !strings.HasPrefix(got, "POLICY_DENIED: ") || !strings.Contains(got, "shell bash") {
 		t.Errorf("isError %v, text %q", res.IsError, got)
 	}
-	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", "Shell", "AllowedPrograms"}) {
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Sandbox", "Program shell"}) {
 		t.Errorf("calls %q", calls)
 	}
 }
@@ -584,31 +581,41 @@ func TestSnapshotListMakesNoSandbox(t *testing.T) {
 	}
 }
 
-// TestExecResolvesOnce: a call asks the sandbox what would run once, the
-// policy decides on that answer, and the exec runs the path decided on
-// with nothing asked in between.
+// TestExecResolvesOnce: a call asks the sandbox what would run in one
+// question at most (one container's answer: the program or shell and the
+// allowlist together), the policy decides on that answer, and the exec runs
+// the path decided on with nothing asked in between.
 func TestExecResolvesOnce(t *testing.T) {
 	allowlist := func(p *policy.Policy) { p.Exec, p.AllowCmds = policy.ExecAllowlist, []string{"echo", "bash"} }
 	for _, tc := range []struct {
-		name   string
-		policy func(*policy.Policy)
-		args   map[string]any
-		want   []string
+		name     string
+		policy   func(*policy.Policy)
+		args     map[string]any
+		question string // "": none
+		exec     string
 	}{
 		{"argv", nil, map[string]any{"argv": []string{"echo", "hi"}},
-			[]string{`Exec ["echo" "hi"] cwd=. env=[] timeout=1m0s program="" stdin=""`}},
+			"", `Exec ["echo" "hi"] cwd=. env=[] timeout=1m0s program="" stdin=""`},
 		{"command", nil, map[string]any{"command": "echo hi"},
-			[]string{"Shell", `Exec ["bash" "-c" "echo hi"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`}},
+			"Program shell", `Exec ["bash" "-c" "echo hi"] cwd=. env=[] timeout=1m0s program="/usr/bin/bash" stdin=""`},
 		{"argv under an allowlist", allowlist, map[string]any{"argv": []string{"echo", "hi"}},
-			[]string{`Resolve ["echo"]`, "AllowedPrograms", `Exec ["echo" "hi"] cwd=. env=[] timeout=1m0s program="/usr/bin/echo" stdin=""`}},
+			`Program "echo"`, `Exec ["echo" "hi"] cwd=. env=[] timeout=1m0s program="/usr/bin/echo" stdin=""`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newFakeRig(t, tc.policy)
 			if res := r.call(NameExec, tc.args); res.IsError {
 				t.Fatalf("error: %s", text(res))
 			}
-			if calls := r.f.made(); !slices.Equal(calls, append([]string{"Sandbox"}, tc.want...)) {
-				t.Errorf("calls %q, want Sandbox then %q", calls, tc.want)
+			calls := r.f.made()
+			if len(calls) < 2 || calls[0] != "Sandbox" || calls[len(calls)-1] != tc.exec {
+				t.Fatalf("calls %q, want Sandbox, a question at most, then %s", calls, tc.exec)
+			}
+			want := []string{}
+			if tc.question != "" {
+				want = append(want, tc.question)
+			}
+			if asked := calls[1 : len(calls)-1]; !slices.Equal(asked, want) {
+				t.Errorf("asked the sandbox %d times before the exec (%q), want %q", len(asked), asked, want)
 			}
 		})
 	}

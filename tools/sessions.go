@@ -21,9 +21,7 @@ type Sandbox interface {
 	ID() string
 	Owner() string
 	Exec(ctx context.Context, req session.ExecRequest) (session.ExecResult, error)
-	Resolve(ctx context.Context, names []string, cwd string) ([]string, error)
-	AllowedPrograms(ctx context.Context) (map[string]string, error)
-	Shell(ctx context.Context) (name, path string, err error)
+	Program(ctx context.Context, name, cwd string, shell bool) (session.Program, error)
 	Job(ctx context.Context, req session.JobRequest) (session.JobResult, error)
 	Jobs(ctx context.Context) ([]session.JobInfo, error)
 	ReadFile(ctx context.Context, path string, offset, length, maxBytes int64) (session.ReadResult, error)
