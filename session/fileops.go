@@ -30,14 +30,9 @@ type Edit = agentclient.Edit
 
 // Read reads what req asks for: ReadFile for any read, lines included.
 func (s *Sandbox) Read(ctx context.Context, req ReadRequest) (ReadResult, error) {
-	ctx, done := s.begin(ctx)
-	defer done()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return ReadResult{}, err
-	}
-	res, err := inst.conn.Read(ctx, req)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (ReadResult, error) {
+		return inst.conn.Read(ctx, req)
+	})
 }
 
 // EditFile makes edits in a file, in order, each on the text the ones
@@ -45,38 +40,23 @@ func (s *Sandbox) Read(ctx context.Context, req ReadRequest) (ReadResult, error)
 // them may pass maxFile bytes. See workspace.Workspace.EditFile for the
 // rules.
 func (s *Sandbox) EditFile(ctx context.Context, path string, edits []Edit, maxFile int64) (EditResult, error) {
-	ctx, done := s.begin(ctx)
-	defer done()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return EditResult{}, err
-	}
-	res, err := inst.conn.EditFile(ctx, path, edits, maxFile)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (EditResult, error) {
+		return inst.conn.EditFile(ctx, path, edits, maxFile)
+	})
 }
 
 // Delete removes a file, a symlink or (with recursive, when not empty) a
 // directory.
 func (s *Sandbox) Delete(ctx context.Context, path string, recursive bool) (DeleteResult, error) {
-	ctx, done := s.begin(ctx)
-	defer done()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return DeleteResult{}, err
-	}
-	res, err := inst.conn.Delete(ctx, path, recursive)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (DeleteResult, error) {
+		return inst.conn.Delete(ctx, path, recursive)
+	})
 }
 
 // Move renames from to to inside the workspace, replacing an existing to
 // only with overwrite.
 func (s *Sandbox) Move(ctx context.Context, from, to string, overwrite bool) (MoveResult, error) {
-	ctx, done := s.begin(ctx)
-	defer done()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return MoveResult{}, err
-	}
-	res, err := inst.conn.Move(ctx, from, to, overwrite)
-	return res, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) (MoveResult, error) {
+		return inst.conn.Move(ctx, from, to, overwrite)
+	})
 }

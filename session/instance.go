@@ -78,7 +78,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	log := m.log.With("sandbox", sandbox, "container", box.Name())
 	c, err := agentclient.New(ctx, box.Stdout(), box.Stdin(), box.Stdin(), m.opts.Lease, log)
 	if err != nil {
-		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %v (agent output: %s)", err, box.StderrTail())
+		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %w (agent output: %s)", err, box.StderrTail())
 	}
 	inst.conn = c
 	if err := m.setupSandbox(ctx, c, box); err != nil {

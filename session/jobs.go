@@ -72,25 +72,21 @@ func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
 	if s.idle() {
 		return JobResult{}, errcode.Errorf(errcode.NotFound, "no job %d in this sandbox: no command has run in its current container (jobs do not survive a restart); sandbox_exec starts jobs", id)
 	}
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return JobResult{}, err
-	}
-	if !inst.conn.KnowsJob(id) {
-		return JobResult{}, errcode.Errorf(errcode.NotFound,
-			"no job %d in this sandbox: its jobs are the ones sandbox_exec started since it (re)started (a restarted sandbox has none). Call sandbox_job without job to list them", id)
-	}
-	res, err := inst.conn.Job(ctx, agentproto.JobRequest{
-		Job: id, Stdin: req.Stdin, CloseStdin: req.CloseStdin, Signal: req.Signal,
-		WaitMillis: req.Wait.Milliseconds(), StdoutOffset: req.StdoutOffset, StderrOffset: req.StderrOffset, Max: req.Max,
-		Peek: req.Peek,
+	return call(ctx, s, func(ctx context.Context, inst *instance) (JobResult, error) {
+		if !inst.conn.KnowsJob(id) {
+			return JobResult{}, errcode.Errorf(errcode.NotFound,
+				"no job %d in this sandbox: its jobs are the ones sandbox_exec started since it (re)started (a restarted sandbox has none). Call sandbox_job without job to list them", id)
+		}
+		res, err := inst.conn.Job(ctx, agentproto.JobRequest{
+			Job: id, Stdin: req.Stdin, CloseStdin: req.CloseStdin, Signal: req.Signal,
+			WaitMillis: req.Wait.Milliseconds(), StdoutOffset: req.StdoutOffset, StderrOffset: req.StderrOffset, Max: req.Max,
+			Peek: req.Peek,
+		})
+		if err == nil {
+			res.NetworkRefused = s.m.refusedSince(s.id, time.UnixMilli(res.Status.StartedUnixMilli))
+		}
+		return res, err
 	})
-	if err == nil {
-		res.NetworkRefused = s.m.refusedSince(s.id, time.UnixMilli(res.Status.StartedUnixMilli))
-	}
-	return res, s.failed(inst, err)
 }
 
 // Jobs lists the sandbox's jobs, oldest first.
@@ -98,13 +94,8 @@ func (s *Sandbox) Jobs(ctx context.Context) ([]JobInfo, error) {
 	if s.idle() {
 		return nil, nil
 	}
-	ctx, end := s.begin(ctx)
-	defer end()
-	inst, err := s.ready(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// The agent keeps the running jobs and as many ended ones.
-	out, err := inst.conn.Jobs(ctx, 2*s.m.opts.Policy.MaxExecs+1)
-	return out, s.failed(inst, err)
+	return call(ctx, s, func(ctx context.Context, inst *instance) ([]JobInfo, error) {
+		// The agent keeps the running jobs and as many ended ones.
+		return inst.conn.Jobs(ctx, 2*s.m.opts.Policy.MaxExecs+1)
+	})
 }

@@ -20,34 +20,48 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
-// agentBin is the agent built for this test run; intruderBin is the static
-// program the security tests run inside sandboxes as hostile code.
-var agentBin, intruderBin string
+// bins is the agent built for this test run, on first use: a run whose
+// tests all skip (-short) builds nothing.
+var bins testenv.LazyBinaries
+
+// intruder is the static program the security tests run inside sandboxes
+// as hostile code, built on first use like bins.
+var intruder struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// intruderBin returns the intruder program, building it on the first call;
+// a failed build fails every test that asks.
+func intruderBin(t testing.TB) string {
+	t.Helper()
+	intruder.once.Do(func() {
+		intruder.dir, intruder.err = os.MkdirTemp("", "sandbox-mcp-intruder-")
+		if intruder.err != nil {
+			return
+		}
+		intruder.path = filepath.Join(intruder.dir, "intruder")
+		build := exec.Command("go", "build", "-trimpath", "-o", intruder.path, "./session/internal/intruder")
+		build.Dir = testenv.RepoRoot()
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			intruder.err = fmt.Errorf("build the intruder: %v\n%s", err, out)
+		}
+	})
+	if intruder.err != nil {
+		t.Fatal(intruder.err)
+	}
+	return intruder.path
+}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandbox-mcp-session-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins, err := testenv.Build(dir, false, false)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	agentBin = bins.Agent
-	intruderBin = filepath.Join(dir, "intruder")
-	build := exec.Command("go", "build", "-trimpath", "-o", intruderBin, "./session/internal/intruder")
-	build.Dir = testenv.RepoRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build the intruder: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	bins.Cleanup()
+	if intruder.dir != "" {
+		os.RemoveAll(intruder.dir)
+	}
 	os.Exit(code)
 }
 
@@ -75,7 +89,7 @@ func testDocker(t *testing.T, opts Options, editDocker func(*docker.Config)) *do
 	cfg := docker.Config{
 		Client:      testenv.Engine(t),
 		Image:       testenv.TestImage(t),
-		AgentBinary: agentBin,
+		AgentBinary: bins.Get(t).Agent,
 		AgentDir:    filepath.Join(opts.StateDir, "agents"),
 		UID:         uid,
 		GID:         gid,

@@ -226,7 +226,7 @@ func failedPreparation(s PrepareStatus) error {
 	if e, ok := errcode.As(s.Err); ok {
 		return errcode.Errorf(e.Code, "the server could not prepare sandboxes (%s): %s; calling again tries again", s.Step.What, e.Message)
 	}
-	return errcode.Errorf(errcode.Unavailable, "the server could not prepare sandboxes (%s): %v; calling again tries again, and `sandbox-mcp doctor` on the server says what to fix", s.Step.What, s.Err)
+	return errcode.Errorf(errcode.Unavailable, "the server could not prepare sandboxes (%s): %w; calling again tries again, and `sandbox-mcp doctor` on the server says what to fix", s.Step.What, s.Err)
 }
 
 // stillPreparing is the error of a call that waited as long as it may.

@@ -148,11 +148,15 @@ func TestFailedPreparationIsReportedAndRetried(t *testing.T) {
 		go func() { errs <- m.WaitPrepared(context.Background(), time.Minute, 0, nil) }()
 	}
 	time.Sleep(50 * time.Millisecond)
-	b.results <- errors.New("image \"x\" is not on this engine: build it with `make image`")
+	cause := errors.New("image \"x\" is not on this engine: build it with `make image`")
+	b.results <- cause
 	for range 2 {
 		err := <-errs
 		if e, ok := errcode.As(err); !ok || e.Code != errcode.Unavailable || !strings.Contains(e.Message, "make image") || !strings.Contains(e.Message, "calling again tries again") {
 			t.Fatalf("a waiting call got %v, want the failure's reason", err)
+		}
+		if !errors.Is(err, cause) {
+			t.Fatalf("a waiting call got %v, which does not wrap the failure (errors.Is)", err)
 		}
 	}
 	if s := m.Preparation(); s.Ready || s.Running || s.Err == nil {

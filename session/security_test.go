@@ -195,7 +195,7 @@ func TestSecuritySymlinkSwap(t *testing.T) {
 // /tmp/intruder in sb, outside the workspace.
 func installIntruder(t *testing.T, sb *Sandbox) {
 	t.Helper()
-	bin, err := os.ReadFile(intruderBin)
+	bin, err := os.ReadFile(intruderBin(t))
 	if err != nil {
 		t.Fatal(err)
 	}

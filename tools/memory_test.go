@@ -24,25 +24,14 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
-// agentBin is the agent built for this test run, for the tests that run
-// tools against real sandboxes.
-var agentBin string
+// bins is the agent built for this test run, for the tests that run tools
+// against real sandboxes; built on first use, so a run whose tests all skip
+// (-short) builds nothing.
+var bins testenv.LazyBinaries
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandbox-mcp-tools-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins, err := testenv.Build(dir, false, false)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	agentBin = bins.Agent
 	code := m.Run()
-	os.RemoveAll(dir)
+	bins.Cleanup()
 	os.Exit(code)
 }
 
@@ -76,7 +65,7 @@ func newRigWith(t *testing.T, edit func(*policy.Policy), copts *mcp.ClientOption
 	be, err := docker.New(docker.Config{
 		Client:      cli,
 		Image:       testenv.TestImage(t),
-		AgentBinary: agentBin,
+		AgentBinary: bins.Get(t).Agent,
 		AgentDir:    filepath.Join(stateDir, "agents"),
 		UID:         session.DefaultUID,
 		GID:         session.DefaultUID,

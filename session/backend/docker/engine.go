@@ -600,7 +600,7 @@ func removeContainer(ctx context.Context, cli Engine, id string) error {
 // helps.
 func engineError(what string, err error) error {
 	if client.IsErrConnectionFailed(err) {
-		return errcode.Errorf(errcode.Unavailable, "cannot %s: the Docker engine is not reachable (%v); retrying will not help until it is back", what, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot %s: the Docker engine is not reachable (%w); retrying will not help until it is back", what, err)
 	}
-	return errcode.Errorf(errcode.Unavailable, "cannot %s: %v; retrying may help if this was a passing engine fault", what, err)
+	return errcode.Errorf(errcode.Unavailable, "cannot %s: %w; retrying may help if this was a passing engine fault", what, err)
 }

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
@@ -186,5 +188,29 @@ func TestInstallAgent(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(path); string(b) != string(a.data) {
 		t.Errorf("a torn copy was kept: %q", b)
+	}
+}
+
+// TestEngineErrorWrapsItsCause: an engine failure reported as UNAVAILABLE
+// keeps the engine's error visible to errors.Is, whether the engine is out
+// of reach or failed a call.
+func TestEngineErrorWrapsItsCause(t *testing.T) {
+	away, err := client.New(client.WithHost("unix://" + filepath.Join(t.TempDir(), "no.sock")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer away.Close()
+	_, unreachable := away.Ping(context.Background(), client.PingOptions{})
+	if !client.IsErrConnectionFailed(unreachable) {
+		t.Fatalf("an engine at a missing socket: %v, want a connection failure", unreachable)
+	}
+	for _, cause := range []error{errors.New("no such image"), unreachable} {
+		err := engineError("create the container", cause)
+		if e, ok := errcode.As(err); !ok || e.Code != errcode.Unavailable {
+			t.Fatalf("engineError(%v) = %v, want UNAVAILABLE", cause, err)
+		}
+		if !errors.Is(err, cause) {
+			t.Errorf("engineError(%v) = %v, which does not wrap its cause", cause, err)
+		}
 	}
 }
