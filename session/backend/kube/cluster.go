@@ -557,9 +557,9 @@ func podStatusNote(p *corev1.Pod) string {
 func startError(name string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
-		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: the namespace's resource quota is used up (%v); end other sessions or raise the quota", name, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: the namespace's resource quota is used up (%w); end other sessions or raise the quota", name, err)
 	case apierrors.IsForbidden(err):
-		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: refused by the cluster (%v); the server's service account needs create on pods in its namespace, and the pod must pass the namespace's admission", name, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: refused by the cluster (%w); the server's service account needs create on pods in its namespace, and the pod must pass the namespace's admission", name, err)
 	}
 	return apiError("create sandbox pod "+name, err)
 }
@@ -569,7 +569,7 @@ func apiError(what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return errcode.Errorf(errcode.Unavailable, "cannot %s: %v; retrying may help if this was a passing cluster fault", what, err)
+	return errcode.Errorf(errcode.Unavailable, "cannot %s: %w; retrying may help if this was a passing cluster fault", what, err)
 }
 
 // execAgent starts the agent in the pod's sandbox container over
