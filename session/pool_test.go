@@ -24,7 +24,7 @@ func waitWarm(t *testing.T, m *Manager, n int) {
 
 func TestWarmPool(t *testing.T) {
 	dir := seedDir(t)
-	m := testManager(t, func(o *Options) { o.Warm = 2; o.WorkspaceFrom = dir })
+	m := testManager(t, func(o *Options) { o.Warm = 2; seedFrom(t, o, dir) })
 	waitWarm(t, m, 2)
 	ready := testenv.Containers(t, testenv.Engine(t), docker.LabelInstance, m.Instance())
 	if len(ready) != 2 {

@@ -41,7 +41,8 @@ type Options struct {
 	// Backend runs the sandboxes' instances (Docker containers, package
 	// session/backend/docker; Kubernetes pods, session/backend/kube);
 	// main builds it. Required. A backend that implements backend.Image,
-	// backend.ReadOnlySeed or backend.Leftovers gets those calls too.
+	// backend.Leftovers gets those calls too (backend.ReadOnlySeed gets
+	// its call from LoadSeed).
 	Backend backend.Backend
 	// Policy gives the limits, the read-only flag and the allowlist.
 	Policy policy.Policy
@@ -55,11 +56,11 @@ type Options struct {
 	// Warm is the number of containers kept started ahead of need, so a
 	// new session's first call does not wait for one (0: none).
 	Warm int
-	// WorkspaceFrom is a host directory every new workspace starts with a
-	// copy of ("" for an empty workspace). It is read once, at start,
-	// capped at the workspace size, without following symlinks, refusing a
-	// file hard-linked from outside it.
-	WorkspaceFrom string
+	// Seed is what every new workspace starts with a copy of (nil for an
+	// empty workspace): a host directory (--workspace-from) read once by
+	// LoadSeed, which gave a read-only workspace's to the Backend. The
+	// Manager owns it from NewManager on, and closes it.
+	Seed *Seed
 	// Instance names this server in labels; "" picks a random one.
 	Instance string
 	// Lease is how long an agent lives without hearing from the server; 0
@@ -113,7 +114,7 @@ type Manager struct {
 	backend backend.Backend
 	log     *slog.Logger
 	snaps   *snapshot.Store
-	seed    *seed // nil without --workspace-from
+	seed    *Seed // nil without --workspace-from
 	prep    *preparation
 	pool    *pool
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
@@ -130,20 +131,26 @@ type Manager struct {
 	closed bool
 }
 
-// NewManager checks the options, reads --workspace-from, and returns a
+// NewManager checks the options and returns a
 // Manager at once: what sandboxes need (the runtime image, the firewall
 // chain; see backend.Backend.Prepare) is prepared in the background, then
 // what earlier servers left behind is swept. Calls that need a sandbox wait
 // for that (WaitPrepared).
 func NewManager(ctx context.Context, opts Options) (*Manager, error) {
+	sd := opts.Seed
 	if opts.Backend == nil {
-		return nil, errors.New("session: Options.Backend is required")
+		return nil, closeSeed(sd, errors.New("session: Options.Backend is required"))
 	}
 	if opts.StateDir == "" {
-		return nil, errors.New("session: Options.StateDir is required")
+		return nil, closeSeed(sd, errors.New("session: Options.StateDir is required"))
 	}
 	if err := opts.Policy.Validate(); err != nil {
-		return nil, err
+		return nil, closeSeed(sd, err)
+	}
+	if sd != nil && sd.readOnly != opts.Policy.ReadOnly {
+		// A read-only workspace's content is in what the backend's
+		// instances run, a writable one's is copied in at each start.
+		return nil, closeSeed(sd, errors.New("session: Options.Seed was loaded for another workspace mode than Policy.ReadOnly"))
 	}
 	if opts.Instance == "" {
 		opts.Instance = randomID("srv-")
@@ -167,20 +174,14 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	opts.Retention.MaxSnapshotBytes = snapshotLimits(opts.Policy).MaxBytes
 	snaps, err := snapshot.OpenStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
 	if err != nil {
-		return nil, err
-	}
-	var sd *seed
-	if opts.WorkspaceFrom != "" {
-		if sd, err = newSeed(opts.WorkspaceFrom, opts.Policy.MaxWorkspaceBytes); err != nil {
-			return nil, err
-		}
+		return nil, closeSeed(sd, err)
 	}
 	var (
 		proxy *netproxy.Proxy
 		allow *netproxy.Allowlist
 	)
 	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
-		return nil, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has")
+		return nil, closeSeed(sd, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has"))
 	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
 		allow, err = netproxy.ParseAllowlist(opts.Policy.AllowHosts)
@@ -203,15 +204,6 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		}
 	}
 	be := opts.Backend
-	if opts.Policy.ReadOnly && sd != nil {
-		// A read-only workspace cannot be filled after the start: its
-		// content goes into what the instances run instead.
-		rs, ok := be.(backend.ReadOnlySeed)
-		if !ok {
-			return nil, closeSeed(sd, errors.New("session: a read-only workspace cannot start with content (WorkspaceFrom) on this backend: it cannot put the content into what its instances run"))
-		}
-		rs.SeedReadOnly(sd.sha, sd.reader)
-	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts:     opts,
@@ -502,7 +494,7 @@ func (m *Manager) Close(ctx context.Context) error {
 			cancel()
 		}
 		if m.seed != nil {
-			m.seed.close()
+			m.seed.Close()
 		}
 		close(done)
 	}()

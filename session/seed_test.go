@@ -31,9 +31,23 @@ func seedDir(t *testing.T) string {
 	return dir
 }
 
+// seedFrom loads dir into o.Seed as main does, for o's backend (a test
+// Docker backend unless o has one) and workspace mode.
+func seedFrom(t *testing.T, o *Options, dir string) {
+	t.Helper()
+	if o.Backend == nil {
+		o.Backend = testDocker(t, *o, nil)
+	}
+	sd, err := LoadSeed(dir, o.Policy.MaxWorkspaceBytes, o.Policy.ReadOnly, o.Backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Seed = sd
+}
+
 func TestWorkspaceFrom(t *testing.T) {
 	dir := seedDir(t)
-	m := testManager(t, func(o *Options) { o.WorkspaceFrom = dir })
+	m := testManager(t, func(o *Options) { seedFrom(t, o, dir) })
 	sb := newSandbox(t, m)
 	out := string(sh(t, sb, "cat README; ./src/pkg/run.sh; readlink up; readlink abs; ls -A | tr '\\n' ' '").Stdout)
 	want := "seeded\nran\n../secret\n" + filepath.Join(filepath.Dir(dir), "secret") + "\nREADME abs src up "
@@ -57,15 +71,10 @@ func TestWorkspaceFrom(t *testing.T) {
 func TestWorkspaceFromTooLarge(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "big"), make([]byte, 2<<20), 0o644)
-	_, err := NewManager(context.Background(), Options{
-		Backend: testDocker(t, Options{StateDir: t.TempDir()}, nil), StateDir: t.TempDir(),
-		Policy: func() policy.Policy {
-			p := policy.Default()
-			p.MaxWorkspaceBytes = 1 << 20
-			return p
-		}(),
-		WorkspaceFrom: dir,
-	})
+	sd, err := LoadSeed(dir, 1<<20, false, nil)
+	if err == nil {
+		sd.Close()
+	}
 	if err == nil || !strings.Contains(err.Error(), "larger than the workspace") {
 		t.Fatalf("err = %v", err)
 	}
@@ -73,7 +82,7 @@ func TestWorkspaceFromTooLarge(t *testing.T) {
 
 func TestReadOnlyWorkspaceFrom(t *testing.T) {
 	dir := seedDir(t)
-	m := testManager(t, func(o *Options) { o.WorkspaceFrom = dir; o.Policy.ReadOnly = true })
+	m := testManager(t, func(o *Options) { o.Policy.ReadOnly = true; seedFrom(t, o, dir) })
 	sb := newSandbox(t, m)
 	if got := string(sh(t, sb, "cat README; ./src/pkg/run.sh; id -u").Stdout); got != "seeded\nran\n1000\n" {
 		t.Fatalf("read-only seeded workspace: %q", got)
@@ -109,12 +118,9 @@ func TestWorkspaceFromRefusesHardLinksFromOutside(t *testing.T) {
 	if err := os.Link(secret, filepath.Join(dir, "sub", "innocent.txt")); err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewManager(context.Background(), Options{
-		Backend: testDocker(t, Options{StateDir: t.TempDir()}, nil), StateDir: t.TempDir(),
-		Policy: policy.Default(), WorkspaceFrom: dir,
-	})
+	sd, err := LoadSeed(dir, policy.Default().MaxWorkspaceBytes, false, nil)
 	if err == nil {
-		m.Close(context.Background())
+		sd.Close()
 	}
 	if err == nil || !strings.Contains(err.Error(), `"sub/innocent.txt" is a hard link to a file with 2 links, only 1 of them in the directory`) {
 		t.Fatalf("err = %v", err)
@@ -122,7 +128,7 @@ func TestWorkspaceFromRefusesHardLinksFromOutside(t *testing.T) {
 
 	// With the outside link gone, the tree's own pair seeds both names.
 	os.Remove(secret)
-	m = testManager(t, func(o *Options) { o.WorkspaceFrom = dir })
+	m := testManager(t, func(o *Options) { seedFrom(t, o, dir) })
 	sb := newSandbox(t, m)
 	if got := string(sh(t, sb, "cat a sub/a-again sub/innocent.txt").Stdout); got != "mine\nmine\nHOST-SECRET\n" {
 		t.Fatalf("seeded: %q", got)
@@ -139,13 +145,27 @@ func TestReadOnlyWorkspaceFromNeedsASeedingBackend(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("seed\n"), 0o644)
 	p := policy.Default()
 	p.ReadOnly = true
+	sd, err := LoadSeed(dir, p.MaxWorkspaceBytes, true, &sweepCounter{swept: make(chan struct{}, 8)})
+	if err == nil {
+		sd.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "read-only workspace cannot start with content") {
+		t.Fatalf("LoadSeed of a read-only workspace's content for a backend that cannot seed it: %v, want a refusal", err)
+	}
+
+	// A seed loaded for the other mode than the manager's is refused too:
+	// its content would be in neither the instances nor the workspace.
+	sd, err = LoadSeed(dir, p.MaxWorkspaceBytes, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := NewManager(context.Background(), Options{
-		Backend: &sweepCounter{swept: make(chan struct{}, 8)}, StateDir: t.TempDir(), Policy: p, WorkspaceFrom: dir,
+		Backend: &sweepCounter{swept: make(chan struct{}, 8)}, StateDir: t.TempDir(), Policy: p, Seed: sd,
 	})
 	if err == nil {
 		m.Close(context.Background())
 	}
-	if err == nil || !strings.Contains(err.Error(), "read-only workspace cannot start with content") {
-		t.Fatalf("NewManager with a read-only workspace from a directory on a backend that cannot seed it: %v, want a refusal", err)
+	if err == nil || !strings.Contains(err.Error(), "another workspace mode") {
+		t.Fatalf("NewManager with a writable workspace's seed and a read-only policy: %v, want a refusal", err)
 	}
 }

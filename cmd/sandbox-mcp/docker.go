@@ -12,7 +12,7 @@ import (
 // newDockerBackend builds the Docker backend on cli from the configuration,
 // as newKubeBackend builds the Kubernetes one: session links neither. The
 // agent's copies for bind mounts go to the state directory; a read-only
-// workspace's --workspace-from content reaches it from the session manager
+// workspace's --workspace-from content reaches it from loadSeed
 // (backend.ReadOnlySeed), which reads it once for every backend.
 func newDockerBackend(cfg Config, cli docker.Engine, instance string, log *slog.Logger) (*docker.Docker, error) {
 	return docker.New(docker.Config{

@@ -142,8 +142,13 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 		fail("sandbox runtime: %v", err)
 		return
 	}
+	sd, err := loadSeed(cfg, dk)
+	if err != nil {
+		fail("sandbox runtime: %v", err)
+		return
+	}
 	m, err := session.NewManager(ctx, session.Options{
-		Backend: dk, Policy: cfg.Policy, StateDir: cfg.StateDir, Instance: "doctor", WorkspaceFrom: cfg.WorkspaceFrom,
+		Backend: dk, Policy: cfg.Policy, StateDir: cfg.StateDir, Instance: "doctor", Seed: sd,
 	})
 	if err != nil {
 		fail("sandbox runtime: %v", err)

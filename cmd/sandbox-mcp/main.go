@@ -216,11 +216,15 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		IdleTimeout: cfg.IdleTimeout,
 		DenyAddrs:   deny,
 		// One sandbox per session: the session cap is the sandbox cap.
-		MaxSandboxes:  cfg.HTTP.MaxSessions,
-		Warm:          cfg.Warm,
-		WorkspaceFrom: cfg.WorkspaceFrom,
-		Retention:     cfg.SnapshotRetention(),
-		Logger:        log,
+		MaxSandboxes: cfg.HTTP.MaxSessions,
+		Warm:         cfg.Warm,
+		Retention:    cfg.SnapshotRetention(),
+		Logger:       log,
+	}
+	var err error
+	if opts.Seed, err = loadSeed(cfg, be); err != nil {
+		release()
+		return nil, nil, err
 	}
 	opts.Secrets = cfg.Secrets
 	if auditLog != nil {
@@ -238,6 +242,19 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		return nil, nil, err
 	}
 	return m, release, nil
+}
+
+// loadSeed reads --workspace-from, if set, once for whichever backend was
+// built: a writable workspace's content goes to the manager, which copies
+// it in at each start; a read-only one's goes into what the backend's
+// instances run (Docker's seed image). The Kubernetes backend has no way
+// to, so validateKube refuses --read-only with --workspace-from, and
+// session.LoadSeed would too.
+func loadSeed(cfg Config, be backend.Backend) (*session.Seed, error) {
+	if cfg.WorkspaceFrom == "" {
+		return nil, nil
+	}
+	return session.LoadSeed(cfg.WorkspaceFrom, cfg.Policy.MaxWorkspaceBytes, cfg.Policy.ReadOnly, be)
 }
 
 // newServer builds the MCP server with every tool and resource; auditLog, if

@@ -82,7 +82,7 @@ func (b *Backend) serveProxy(p *netproxy.Proxy) error {
 	}
 	ln, err := net.Listen("tcp", b.cfg.ProxyListen)
 	if err != nil {
-		return errcode.Errorf(errcode.Unavailable, "cannot listen for the egress proxy on %s: %v", b.cfg.ProxyListen, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot listen for the egress proxy on %s: %w", b.cfg.ProxyListen, err)
 	}
 	b.served[p] = true
 	b.wg.Go(func() { _ = p.ServeShared(b.ctx, ln) })

@@ -335,9 +335,7 @@ func ownerAnnotation() string {
 	return host + "/" + strconv.Itoa(os.Getpid())
 }
 
-// Start creates a sandbox pod from p (its name, namespace, agent image,
-// pull policy, runtime class and labels completed from the Cluster's
-// config), waits until its sandbox container runs, and execs the agent.
+// Start creates a sandbox pod from p (completed by Config.complete), waits until its sandbox container runs, and execs the agent.
 // The returned Instance's Stdout and Stdin are the agent's protocol stream. A
 // pod that cannot start is deleted and reported as UNAVAILABLE with the
 // reason the cluster gave; the wait is bounded by Config.StartTimeout.
@@ -345,31 +343,7 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Instanc
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
-	p.Namespace = c.cfg.Namespace
-	if p.AgentImage == "" {
-		p.AgentImage = c.cfg.AgentImage
-	}
-	if p.PullPolicy == "" {
-		p.PullPolicy = c.cfg.PullPolicy
-	}
-	if p.SeccompLocalhost == "" {
-		p.SeccompLocalhost = c.cfg.SeccompLocalhost
-	}
-	if p.RuntimeClass == "" {
-		p.RuntimeClass = c.cfg.RuntimeClass
-	}
-	if p.Labels == nil {
-		p.Labels = map[string]string{}
-	}
-	p.Labels[LabelManaged] = "1"
-	p.Labels[LabelInstance] = c.cfg.Instance
-	p.Labels[LabelSandbox] = sandbox
-	p.Labels[LabelRole] = "sandbox"
-	if p.Annotations == nil {
-		p.Annotations = map[string]string{}
-	}
-	p.Annotations[AnnotationOwner] = ownerAnnotation()
-	p.Annotations[AnnotationCreated] = time.Now().UTC().Format(time.RFC3339)
+	p = c.cfg.complete(p, sandbox, ownerAnnotation(), time.Now())
 
 	if caller.Err() != nil {
 		return nil, context.Cause(caller) // abandoned before anything was made
@@ -557,9 +531,9 @@ func podStatusNote(p *corev1.Pod) string {
 func startError(name string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
-		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: the namespace's resource quota is used up (%v); end other sessions or raise the quota", name, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: the namespace's resource quota is used up (%w); end other sessions or raise the quota", name, err)
 	case apierrors.IsForbidden(err):
-		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: refused by the cluster (%v); the server's service account needs create on pods in its namespace, and the pod must pass the namespace's admission", name, err)
+		return errcode.Errorf(errcode.Unavailable, "cannot create sandbox pod %s: refused by the cluster (%w); the server's service account needs create on pods in its namespace, and the pod must pass the namespace's admission", name, err)
 	}
 	return apiError("create sandbox pod "+name, err)
 }
@@ -569,7 +543,7 @@ func apiError(what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return errcode.Errorf(errcode.Unavailable, "cannot %s: %v; retrying may help if this was a passing cluster fault", what, err)
+	return errcode.Errorf(errcode.Unavailable, "cannot %s: %w; retrying may help if this was a passing cluster fault", what, err)
 }
 
 // execAgent starts the agent in the pod's sandbox container over

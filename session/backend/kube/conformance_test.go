@@ -17,7 +17,8 @@ import (
 // (session/backend/backendtest) on the Kubernetes backend and the test
 // node: each backend has a namespace of its own, so what it leaves is the
 // pods in it. A pod whose deletion the API server accepted counts as gone:
-// the kubelet finishes it, and it holds no sandbox any more. It skips
+// the kubelet finishes it, and it holds no sandbox any more. A start fails
+// on a memory limit no node has (BreakSpec). It skips
 // without a node, and fails without one under SANDBOX_MCP_REQUIRE_KUBE.
 func TestBackendConformance(t *testing.T) {
 	rc := testNode(t)
@@ -56,6 +57,9 @@ func TestBackendConformance(t *testing.T) {
 			}
 			return left
 		},
+		// No node has a petabyte: the pod is created, the scheduler
+		// marks it unschedulable, and the start fails after it made it.
+		BreakSpec: func(spec *backend.InstanceSpec) { spec.Limits.Memory = 1 << 50 },
 		Proxy: func(t *testing.T) *netproxy.Proxy {
 			p, err := netproxy.New(netproxy.Config{})
 			if err != nil {

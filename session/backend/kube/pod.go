@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -51,7 +52,9 @@ const (
 )
 
 // Params are the inputs of Pod. Every field comes from the server's options
-// and policy; nothing here comes from a tool argument.
+// and policy; nothing here comes from a tool argument. Config.complete fills
+// in those the cluster's configuration gives and the defaults of the zero
+// values, in one place, before Pod.
 type Params struct {
 	Name       string // pod name (a DNS label)
 	Namespace  string
@@ -91,7 +94,8 @@ type Params struct {
 	RuntimeClass string
 }
 
-// Pod builds the sandbox pod. It is pure.
+// Pod builds the sandbox pod from p as it is: Config.complete fills in
+// what p takes from the configuration and the defaults. It is pure.
 //
 // Both containers satisfy Pod Security "restricted": non-root numeric user,
 // no privilege escalation, every capability dropped, RuntimeDefault seccomp,
@@ -102,14 +106,7 @@ func Pod(p Params) *corev1.Pod {
 	no, yes := false, true
 	uid, gid := int64(p.UID), int64(p.GID)
 	grace := int64(1)
-	pull := p.PullPolicy
-	if pull == "" {
-		pull = corev1.PullIfNotPresent
-	}
-	eph := p.EphemeralBytes
-	if eph == 0 {
-		eph = DefaultEphemeralBytes
-	}
+	pull, eph := p.PullPolicy, p.EphemeralBytes
 	sc := func() *corev1.SecurityContext {
 		return &corev1.SecurityContext{
 			RunAsUser:                &uid,
@@ -237,4 +234,48 @@ func envVars(env []string) []corev1.EnvVar {
 		out = append(out, corev1.EnvVar{Name: k, Value: v})
 	}
 	return out
+}
+
+// complete returns p with what it takes from the cluster's configuration
+// (namespace, agent image, pull policy, runtime class, seccomp profile),
+// the labels that make the pod this server's sandbox's, the owner
+// annotations, and the defaults of the zero values (PullPolicy
+// IfNotPresent, EphemeralBytes DefaultEphemeralBytes). It is the one place
+// Params are completed, and is pure: owner and now are given, and p's maps
+// are copied, not changed.
+func (cfg Config) complete(p Params, sandbox, owner string, now time.Time) Params {
+	p.Namespace = cfg.Namespace
+	if p.AgentImage == "" {
+		p.AgentImage = cfg.AgentImage
+	}
+	if p.PullPolicy == "" {
+		p.PullPolicy = cfg.PullPolicy
+	}
+	if p.PullPolicy == "" {
+		p.PullPolicy = corev1.PullIfNotPresent
+	}
+	if p.SeccompLocalhost == "" {
+		p.SeccompLocalhost = cfg.SeccompLocalhost
+	}
+	if p.RuntimeClass == "" {
+		p.RuntimeClass = cfg.RuntimeClass
+	}
+	if p.EphemeralBytes == 0 {
+		p.EphemeralBytes = DefaultEphemeralBytes
+	}
+	p.Labels = maps.Clone(p.Labels)
+	if p.Labels == nil {
+		p.Labels = map[string]string{}
+	}
+	p.Labels[LabelManaged] = "1"
+	p.Labels[LabelInstance] = cfg.Instance
+	p.Labels[LabelSandbox] = sandbox
+	p.Labels[LabelRole] = "sandbox"
+	p.Annotations = maps.Clone(p.Annotations)
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[AnnotationOwner] = owner
+	p.Annotations[AnnotationCreated] = now.UTC().Format(time.RFC3339)
+	return p
 }

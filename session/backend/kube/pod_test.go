@@ -1,18 +1,62 @@
 package kube
 
 import (
+	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
 
 func testParams() Params {
-	return Params{
-		Name: "sandbox-mcp-sb-1-1", Namespace: "ns", Image: "img:1", AgentImage: "agent:1",
-		Labels: map[string]string{LabelManaged: "1"}, UID: 1000, GID: 1000,
+	cfg := Config{Namespace: "ns", Instance: "srv-test", AgentImage: "agent:1"}
+	return cfg.complete(Params{
+		Name: "sandbox-mcp-sb-1-1", Image: "img:1", UID: 1000, GID: 1000,
 		Env:            []string{"A=1", "HTTP_PROXY=http://sbx:t@10.0.0.1:3128", "EMPTY="},
 		WorkspaceBytes: 256 << 20, TmpBytes: 64 << 20, Memory: 512 << 20, NanoCPUs: 1_500_000_000,
+	}, "sb-1", "host/1", time.Unix(0, 0))
+}
+
+// TestCompleteParams: the one completion of Params takes the cluster's
+// configuration where the Params leave a field empty, keeps what they
+// set, always puts the pod in the configured namespace with this server's
+// labels, fills the zero values' defaults, and leaves the caller's maps
+// alone.
+func TestCompleteParams(t *testing.T) {
+	cfg := Config{Namespace: "ns", Instance: "srv-a", AgentImage: "agent:cfg", PullPolicy: corev1.PullNever,
+		RuntimeClass: "gvisor", SeccompLocalhost: "sandbox-mcp/p.json"}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
+	labels := map[string]string{"extra": "1", LabelInstance: "srv-other"}
+	p := cfg.complete(Params{Name: "pod", Namespace: "elsewhere", Labels: labels}, "sb-1", "host/42", now)
+	if p.Namespace != "ns" || p.AgentImage != "agent:cfg" || p.PullPolicy != corev1.PullNever ||
+		p.RuntimeClass != "gvisor" || p.SeccompLocalhost != "sandbox-mcp/p.json" || p.EphemeralBytes != DefaultEphemeralBytes {
+		t.Errorf("from the config: %+v", p)
+	}
+	want := map[string]string{"extra": "1", LabelManaged: "1", LabelInstance: "srv-a", LabelSandbox: "sb-1", LabelRole: "sandbox"}
+	if !maps.Equal(p.Labels, want) {
+		t.Errorf("labels %v, want %v", p.Labels, want)
+	}
+	if len(labels) != 2 || labels[LabelInstance] != "srv-other" {
+		t.Errorf("the caller's labels changed: %v", labels)
+	}
+	if p.Annotations[AnnotationOwner] != "host/42" || p.Annotations[AnnotationCreated] != "2026-01-02T02:04:05Z" {
+		t.Errorf("annotations %v", p.Annotations)
+	}
+
+	// What the Params set wins; an empty config gives the defaults.
+	p = cfg.complete(Params{AgentImage: "agent:own", PullPolicy: corev1.PullAlways, RuntimeClass: "kata",
+		SeccompLocalhost: "own.json", EphemeralBytes: 1 << 30}, "sb-2", "h", now)
+	if p.AgentImage != "agent:own" || p.PullPolicy != corev1.PullAlways || p.RuntimeClass != "kata" ||
+		p.SeccompLocalhost != "own.json" || p.EphemeralBytes != 1<<30 {
+		t.Errorf("explicit fields: %+v", p)
+	}
+	if p = (Config{}).complete(Params{}, "sb", "h", now); p.PullPolicy != corev1.PullIfNotPresent || p.EphemeralBytes != DefaultEphemeralBytes {
+		t.Errorf("defaults: pull %q ephemeral %d", p.PullPolicy, p.EphemeralBytes)
+	}
+	pod := Pod(p)
+	if got := pod.Spec.Containers[0].ImagePullPolicy; got != corev1.PullIfNotPresent {
+		t.Errorf("pod pull policy %q", got)
 	}
 }
 

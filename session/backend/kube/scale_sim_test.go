@@ -189,11 +189,9 @@ func simInt(t *testing.T, name string, def int) int {
 func simStart(ctx context.Context, c *Cluster, sandbox string) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
-	p := Params{
+	p := c.cfg.complete(Params{
 		Name:           "sbx-" + sandbox,
-		Namespace:      c.cfg.Namespace,
 		Image:          "sandbox-mcp:sim",
-		AgentImage:     c.cfg.AgentImage,
 		PullPolicy:     corev1.PullNever,
 		UID:            1000,
 		GID:            1000,
@@ -201,11 +199,7 @@ func simStart(ctx context.Context, c *Cluster, sandbox string) error {
 		TmpBytes:       64 << 20,
 		Memory:         1 << 30,
 		NanoCPUs:       1e9,
-		Labels: map[string]string{
-			LabelManaged: "1", LabelInstance: c.cfg.Instance, LabelSandbox: sandbox, LabelRole: "sandbox",
-		},
-		Annotations: map[string]string{AnnotationOwner: ownerAnnotation(), AnnotationCreated: time.Now().UTC().Format(time.RFC3339)},
-	}
+	}, sandbox, ownerAnnotation(), time.Now())
 	created, err := c.cs.CoreV1().Pods(c.cfg.Namespace).Create(ctx, Pod(p), metav1.CreateOptions{})
 	if err != nil {
 		return startError(p.Name, err)
