@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -406,4 +407,66 @@ func TestKubeSeccompLocalhost(t *testing.T) {
 		t.Errorf("a missing node-local profile: %s", msg)
 	}
 	k.waitNoPods(t, "", 60*time.Second)
+}
+
+// TestKubeFirstStartAnswersAtOnce: with --backend kubernetes the built
+// server answers initialize, tools/list, resources/list and ping within
+// answerWithin of its start, while it prepares the cluster (namespace,
+// lease, network policies) in the background; the first tool call then
+// runs in a pod.
+func TestKubeFirstStartAnswersAtOnce(t *testing.T) {
+	k := newKubeEnv(t)
+	stderr := &syncBuffer{}
+	cmd := exec.Command(bins.Get(t).Server, append(k.args(), "--state-dir", t.TempDir())...)
+	cmd.Env = serverEnv(t)
+	cmd.Stderr = stderr
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "kube-first-start", Version: "0"}, nil).
+		Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, nil)
+	if err != nil {
+		t.Fatalf("connect: %v\n%s", err, stderr)
+	}
+	var sandbox string
+	t.Cleanup(func() {
+		cs.Close()
+		if sandbox != "" {
+			k.waitNoPods(t, sandbox, 60*time.Second)
+		}
+		if t.Failed() {
+			t.Logf("server stderr:\n%s", stderr)
+		}
+	})
+	if _, err := cs.ListTools(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.ListResources(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Ping(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Since(start)
+	t.Logf("initialize, tools/list, resources/list and ping answered %s after the start", answered.Round(time.Millisecond))
+	if answered > answerWithin {
+		t.Fatalf("answered %s after the start, want within %s", answered, answerWithin)
+	}
+	for try := 1; ; try++ {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"echo", "ran"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.IsError {
+			out, _ := res.StructuredContent.(map[string]any)
+			if out["stdout"] != "ran\n" {
+				t.Fatalf("the first call: %v", out)
+			}
+			sandbox, _ = out["sandbox"].(string)
+			return
+		}
+		if try == 3 || !strings.Contains(text(res), "not ready yet") {
+			t.Fatalf("the first call: %s", text(res))
+		}
+	}
 }
