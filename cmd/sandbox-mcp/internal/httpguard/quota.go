@@ -62,13 +62,19 @@ type quotaRefusal struct {
 
 // admit lets a request of caller that may open a session into the SDK: it
 // returns the request to serve, carrying its admission, and done, to call
-// once the SDK has served it. Or it says why not.
-func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, done func(), refused *quotaRefusal) {
+// once the SDK has served it, saying whether the answer gave the client
+// the session's id: a session it made that the client cannot name is
+// closed. Or it says why not.
+func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, done func(surfaced bool), refused *quotaRefusal) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	live := make(map[*mcp.ServerSession]bool)
 	for ss := range q.server.Sessions() {
-		live[ss] = true
+		// A session without an id is a stateless request's (MCP
+		// 2026-07-28), which ends with its request and holds nothing.
+		if ss.ID() != "" {
+			live[ss] = true
+		}
 	}
 	mine := 0
 	for a := range q.held {
@@ -88,12 +94,16 @@ func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, d
 	}
 	a := &admission{caller: caller}
 	q.held[a] = true
-	return r.WithContext(context.WithValue(r.Context(), admissionKey{}, a)), func() {
+	return r.WithContext(context.WithValue(r.Context(), admissionKey{}, a)), func(surfaced bool) {
 		q.mu.Lock()
-		defer q.mu.Unlock()
 		a.served = true
-		if a.session == nil {
+		orphan := a.session
+		if a.session == nil || !surfaced {
 			delete(q.held, a)
+		}
+		q.mu.Unlock()
+		if orphan != nil && !surfaced {
+			_ = orphan.Close()
 		}
 	}, nil
 }
