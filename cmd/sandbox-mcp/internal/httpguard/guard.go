@@ -360,7 +360,7 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		// The SDK's DELETE waits for the session's calls to return:
 		// remove the sandbox first, which ends them. Another caller's
 		// session is left to the SDK, which answers 403.
-		if g.sessions.End(id, caller) {
+		if g.sessions != nil && g.sessions.End(id, caller) {
 			g.log.Info("session deleted: its sandbox was removed", "session", id)
 		}
 	case r.Method == http.MethodPost && id == "":
@@ -377,11 +377,7 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 				refused.msg, retryAfter, idle))
 			return
 		}
-		// A session the client was not told of (no Mcp-Session-Id in
-		// the answer: a server/discover sent without its version
-		// header, say) can never be used again: it ends with its
-		// request rather than hold a place until --idle-timeout.
-		defer func() { done(w.Header().Get("Mcp-Session-Id") != "") }()
+		defer done()
 		r = admitted
 	}
 	r, served := g.posts.tag(r)

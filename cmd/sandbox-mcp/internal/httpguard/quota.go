@@ -62,10 +62,8 @@ type quotaRefusal struct {
 
 // admit lets a request of caller that may open a session into the SDK: it
 // returns the request to serve, carrying its admission, and done, to call
-// once the SDK has served it, saying whether the answer gave the client
-// the session's id: a session it made that the client cannot name is
-// closed. Or it says why not.
-func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, done func(surfaced bool), refused *quotaRefusal) {
+// once the SDK has served it. Or it says why not.
+func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, done func(), refused *quotaRefusal) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	live := make(map[*mcp.ServerSession]bool)
@@ -94,16 +92,12 @@ func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, d
 	}
 	a := &admission{caller: caller}
 	q.held[a] = true
-	return r.WithContext(context.WithValue(r.Context(), admissionKey{}, a)), func(surfaced bool) {
+	return r.WithContext(context.WithValue(r.Context(), admissionKey{}, a)), func() {
 		q.mu.Lock()
+		defer q.mu.Unlock()
 		a.served = true
-		orphan := a.session
-		if a.session == nil || !surfaced {
+		if a.session == nil {
 			delete(q.held, a)
-		}
-		q.mu.Unlock()
-		if orphan != nil && !surfaced {
-			_ = orphan.Close()
 		}
 	}, nil
 }
