@@ -18,7 +18,14 @@ import (
 func Instructions(v PolicyView, defaultImage string) string {
 	p := v.Policy
 	var b strings.Builder
-	b.WriteString("Each session gets its own sandbox: a Linux container, made at your first call and removed when the session ends. ")
+	switch v.ImplicitSandbox {
+	case SessionlessNone.String():
+		b.WriteString("A call without `sandbox` uses your MCP session's sandbox, a Linux container made at your first call and removed when the session ends; without sessions (MCP 2026-07-28) create one with sandbox_create and pass its handle in `sandbox`. ")
+	case SessionlessPerCaller.String():
+		b.WriteString("A call without `sandbox` uses your MCP session's sandbox, a Linux container made at your first call and removed when the session ends; without sessions (MCP 2026-07-28) it uses your one default sandbox. ")
+	default:
+		b.WriteString("Calls without `sandbox` share one sandbox: a Linux container, made at your first call and removed when this connection ends. ")
+	}
 	switch {
 	case v.Toolbox != nil:
 		if v.Image != "" && v.Image != defaultImage {

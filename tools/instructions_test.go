@@ -21,7 +21,13 @@ func configs() map[string]PolicyView {
 	noShell.Exec, noShell.AllowCmds = policy.ExecAllowlist, []string{"python3", "/usr/bin/git", "ls"}
 	withToolbox := ViewOf(def, "sandbox-mcp:default", nil)
 	withToolbox.Toolbox = ParseToolbox(testToolbox)
+	http := withToolbox
+	http.ImplicitSandbox = SessionlessNone.String()
+	httpPerCaller := withToolbox
+	httpPerCaller.ImplicitSandbox = SessionlessPerCaller.String()
 	return map[string]PolicyView{
+		"http":                      http,
+		"http with a default":       httpPerCaller,
 		"allowlist without a shell": ViewOf(noShell, "sandbox-mcp:default", nil),
 		"default":                   withToolbox,
 		"allowlist":                 withSecrets(ViewOf(allow, "registry.example/team/toolchain:1.2", []string{"CI=1", "LANG=C.UTF-8"}), SecretView{Name: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}}),
@@ -50,8 +56,16 @@ func TestInstructionsFollowTheConfig(t *testing.T) {
 	for name, tc := range map[string]struct {
 		has, hasNot []string
 	}{
+		"http": {
+			has:    []string{"A call without `sandbox` uses your MCP session's sandbox", "(MCP 2026-07-28) create one with sandbox_create and pass its handle in `sandbox`."},
+			hasNot: []string{"default sandbox", "this connection"},
+		},
+		"http with a default": {
+			has:    []string{"A call without `sandbox` uses your MCP session's sandbox", "(MCP 2026-07-28) it uses your one default sandbox."},
+			hasNot: []string{"sandbox_create", "this connection"},
+		},
 		"default": {
-			has: []string{"It has bash 5.2, git 2.39,", "python3 3.11, pip 23.0, pytest 7.2, numpy 1.24, matplotlib 3.6, PIL 9.4, node 18.19", "It lacks wget,", "cargo", "no network", "/workspace last for the session", "working directory, exported variables and shell state do not carry over",
+			has: []string{"Calls without `sandbox` share one sandbox: a Linux container, made at your first call and removed when this connection ends.", "It has bash 5.2, git 2.39,", "python3 3.11, pip 23.0, pytest 7.2, numpy 1.24, matplotlib 3.6, PIL 9.4, node 18.19", "It lacks wget,", "cargo", "no network", "/workspace last for the session", "working directory, exported variables and shell state do not carry over",
 				"background: true", "sandbox_job", "any command may run", "8 MiB", "1 GiB of memory", "default 1m, at most 10m", "sandbox://policy"},
 			hasNot: []string{"read-only: nothing", "only these programs", "Set for every command"},
 		},

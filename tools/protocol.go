@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"reflect"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -10,6 +11,36 @@ import (
 // structuredSince is the first protocol version with structured content:
 // a client that negotiated an older one reads only a result's text.
 const structuredSince = "2025-06-18"
+
+// sessionlessSince is the first protocol version without protocol
+// sessions (SEP-2567): each request carries its version, client info and
+// capabilities in its _meta, and over HTTP each is served on a session of
+// its own that ends with it.
+const sessionlessSince = "2026-07-28"
+
+// sessionless reports whether a request follows MCP 2026-07-28 or later:
+// its _meta names the version (the SDK checks it against the
+// MCP-Protocol-Version header on HTTP and against the versions served).
+func sessionless(req mcp.Request) bool {
+	v, _ := metaVersion(req)
+	return v >= sessionlessSince
+}
+
+// metaVersion returns the protocol version a request's _meta names, if any.
+func metaVersion(req mcp.Request) (string, bool) {
+	if req == nil {
+		return "", false
+	}
+	p := req.GetParams()
+	if p == nil {
+		return "", false
+	}
+	if rv := reflect.ValueOf(p); rv.Kind() == reflect.Pointer && rv.IsNil() {
+		return "", false
+	}
+	v, ok := p.GetMeta()[mcp.MetaKeyProtocolVersion].(string)
+	return v, ok && v != ""
+}
 
 // versions are the protocol versions the server's sessions negotiated: the
 // version the server answered initialize with, which is the one the client
@@ -58,8 +89,17 @@ func (v *versions) of(ss *mcp.ServerSession) string {
 // textOnly reports whether the client of a call negotiated a protocol
 // version from before structured content, so that it reads only a
 // result's text content: the result carries no structured copy for it.
+// On 2026-07-28 and later the version is the request's own (its _meta,
+// which the SDK also puts in the request's session InitializeParams);
+// before, the one the session's initialize negotiated.
 func (d *Deps) textOnly(req *mcp.CallToolRequest) bool {
-	if req == nil || req.Session == nil || d.versions == nil {
+	if req == nil || req.Session == nil {
+		return false
+	}
+	if v, ok := metaVersion(req); ok && v >= sessionlessSince {
+		return req.ProtocolVersion() < structuredSince
+	}
+	if d.versions == nil {
 		return false
 	}
 	v := d.versions.of(req.Session)

@@ -41,6 +41,11 @@ type PolicyView struct {
 	// Secrets are the variables that hold a placeholder the egress proxy
 	// replaces by a real credential in requests to the hosts listed.
 	Secrets []SecretView `json:"secrets,omitempty"`
+	// ImplicitSandbox is the sandbox of a call without `sandbox` on MCP
+	// 2026-07-28 (see Sessionless): "connection" (stdio), "none" or
+	// "per-caller" (HTTP, --default-sandbox). On older versions it is
+	// the MCP session's.
+	ImplicitSandbox string `json:"implicit_sandbox,omitempty"`
 	// The HTTP transport's caps; absent over stdio.
 	MaxSessions          int `json:"max_sessions,omitempty"`
 	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
@@ -168,11 +173,15 @@ func resourceError(err error) error {
 // listSnapshots adds the caller's snapshots to resources/list (on its last
 // page), read fresh from the store each time, so the list follows snapshots
 // made, restored, pruned or deleted, and never shows another caller's.
+// On MCP 2026-07-28 a list never depends on earlier calls (clients may
+// cache it): there resources/list is the policy alone, and a caller finds
+// its snapshots with sandbox_snapshot list: true and reads one through
+// the snapshot template.
 func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		res, err := next(ctx, method, req)
 		lr, ok := res.(*mcp.ListResourcesResult)
-		if err != nil || method != "resources/list" || !ok || lr.NextCursor != "" {
+		if err != nil || method != "resources/list" || !ok || lr.NextCursor != "" || sessionless(req) {
 			return res, err
 		}
 		owner := ""
@@ -198,5 +207,24 @@ func (d *Deps) listSnapshots(next mcp.MethodHandler) mcp.MethodHandler {
 			})
 		}
 		return lr, nil
+	}
+}
+
+// SetCacheable is the server's cache hints (mcp.ServerOptions.SetCacheable)
+// for results MCP 2026-07-28 lets clients and intermediaries cache: a
+// snapshot read is its caller's alone ("private"); every list, the policy
+// and server/discover are the same for every caller, and the SDK's
+// defaults (public, stale at once) stand.
+// Before 2026-07-28 resources/list holds the caller's snapshots: private too.
+func SetCacheable(_ context.Context, req mcp.Request, c *mcp.Cacheable) {
+	switch r := req.(type) {
+	case *mcp.ReadResourceRequest:
+		if r.Params != nil && strings.HasPrefix(r.Params.URI, SnapshotURIPrefix) {
+			c.CacheScope = "private"
+		}
+	case *mcp.ListResourcesRequest:
+		if !sessionless(r) {
+			c.CacheScope = "private"
+		}
 	}
 }

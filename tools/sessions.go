@@ -77,6 +77,40 @@ func (m managerSandboxes) Lookup(id, owner string) (Sandbox, bool) {
 	return sb, true
 }
 
+// Sessionless is the rule for a call without `sandbox` on MCP 2026-07-28,
+// which has no protocol sessions (SEP-2567). On older versions such a call
+// always uses its MCP session's own sandbox.
+type Sessionless int
+
+const (
+	// SessionlessConnection: the connection's sandbox. Over stdio the
+	// server has one MCP session for the whole connection, whatever the
+	// version, so its sandbox is the session's, made and ended as on older
+	// versions.
+	SessionlessConnection Sessionless = iota
+	// SessionlessNone: there is no implicit sandbox; the call is refused
+	// with INVALID_ARGUMENT saying to make one and name it. Over HTTP
+	// each 2026-07-28 request is served on a session of its own that ends
+	// with it: nothing outlives the request there.
+	SessionlessNone
+	// SessionlessPerCaller: each caller has one default sandbox, made at
+	// its first such call and kept until the server exits (its container
+	// goes when idle, and comes back from its snapshot at the next call).
+	// It is never tied to an MCP session. (--default-sandbox=per-caller)
+	SessionlessPerCaller
+)
+
+// String names the rule as the policy resource shows it.
+func (r Sessionless) String() string {
+	switch r {
+	case SessionlessNone:
+		return "none"
+	case SessionlessPerCaller:
+		return "per-caller"
+	}
+	return "connection"
+}
+
 // Sessions maps MCP sessions to sandboxes. It is the only place that knows
 // both: session keys are opaque strings to package session.
 type Sessions struct {
@@ -84,6 +118,9 @@ type Sessions struct {
 	// OwnerOf names the caller of a request ("" when there is no
 	// authentication, as on stdio). Nil means "".
 	OwnerOf func(*mcp.RequestExtra) string
+	// Sessionless is the rule for calls without `sandbox` on MCP
+	// 2026-07-28 (the zero value, SessionlessConnection, is stdio's).
+	Sessionless Sessionless
 
 	mu   sync.Mutex
 	keys map[*mcp.ServerSession]string
@@ -142,6 +179,11 @@ func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
 // keyOf returns the sandbox key of an HTTP session id (see key).
 func keyOf(sessionID string) string { return "mcp-" + sessionID }
 
+// defaultKey returns the sandbox key of owner's default sandbox
+// (SessionlessPerCaller). It is no session's key, so no session's end
+// releases it.
+func defaultKey(owner string) string { return "default-" + owner }
+
 // End ends the calls in flight of the HTTP session sessionID and starts the
 // removal of its sandbox, if owner is the session's caller; the container
 // goes in the background (the server waits for it at shutdown), so a DELETE
@@ -161,25 +203,49 @@ func (s *Sessions) End(sessionID, owner string) bool {
 	return s.m.ReleaseSoon(k)
 }
 
-// sandbox returns the sandbox a call runs in: the session's own, or the one
-// the call names in its sandbox argument, which must belong to the same
-// caller.
+// sandbox returns the sandbox a call runs in: the one the call names in
+// its sandbox argument, which must belong to the same caller, or else the
+// implicit one: its MCP session's own, or on 2026-07-28 the one the
+// Sessionless rule gives.
 func (s *Sessions) sandbox(c *call, named string) (Sandbox, error) {
 	owner := s.Owner(c.req)
 	if c.req.Session == nil {
 		return nil, errors.New("tools: call without a session")
 	}
+	rule := SessionlessConnection
+	if sessionless(c.req) {
+		rule = s.Sessionless
+	}
 	if named != "" {
 		// A call naming a sandbox does not make one for its session.
 		sb, ok := s.m.Lookup(named, owner)
 		if !ok {
-			return nil, errcode.Errorf(errcode.NotFound,
-				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)
+			omit := "omit \"sandbox\" to use this session's own sandbox"
+			switch rule {
+			case SessionlessNone:
+				omit = "create one with sandbox_create and pass the handle it returns"
+			case SessionlessPerCaller:
+				omit = "omit \"sandbox\" to use your default sandbox"
+			}
+			return nil, errcode.Errorf(errcode.NotFound, "no sandbox %q belongs to you; %s", named, omit)
 		}
 		c.sandbox = sb.ID()
 		return sb, nil
 	}
-	own, err := s.m.Sandbox(s.key(c.req.Session, owner), owner)
+	var key string
+	switch rule {
+	case SessionlessNone:
+		return nil, errcode.Errorf(errcode.InvalidArgument,
+			"this call names no sandbox, and on MCP 2026-07-28 over HTTP there is no session to give it one: "+
+				"create a sandbox with sandbox_create and pass the handle it returns in \"sandbox\" on every call")
+	case SessionlessPerCaller:
+		// Keyed by caller, never by the request's session: over HTTP
+		// that session ends with the request.
+		key = defaultKey(owner)
+	default:
+		key = s.key(c.req.Session, owner)
+	}
+	own, err := s.m.Sandbox(key, owner)
 	if err != nil {
 		return nil, err
 	}

@@ -284,13 +284,17 @@ func (d *Deps) prepared(ctx context.Context, c *call) error {
 }
 
 // sessionID names the MCP session for logs: its id over HTTP, "stdio"
-// otherwise.
+// over stdio, and none for an HTTP request of MCP 2026-07-28, which is
+// served on a session of its own without an id.
 func sessionID(req *mcp.CallToolRequest) string {
 	if req.Session == nil {
 		return ""
 	}
 	if id := req.Session.ID(); id != "" {
 		return id
+	}
+	if req.Extra != nil && req.Extra.Header != nil {
+		return ""
 	}
 	return "stdio"
 }

@@ -161,7 +161,7 @@ func defaultConfig(getenv func(string) string) Config {
 		NetworkPool: docker.DefaultNetworkPool,
 		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
-		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions},
+		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions, DefaultSandbox: DefaultSandboxNone},
 		Kube:        KubeConfig{Backend: BackendDocker},
 	}
 }

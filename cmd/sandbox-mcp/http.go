@@ -73,6 +73,9 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
 	sessions.OwnerOf = httpguard.OwnerOf
+	// A 2026-07-28 request is served on a session that ends with it: no
+	// sandbox may be tied to that.
+	sessions.Sessionless = cfg.HTTP.Sessionless()
 	// One memory budget for tool calls and the request bodies that
 	// carry them.
 	mem := tools.NewMemory(cfg.Policy)
@@ -106,7 +109,7 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 		"callers", g.Callers(), "allow_origin", strings.Join(cfg.HTTP.AllowOrigins, ","),
 		"http_allow_host", strings.Join(cfg.HTTP.AllowHosts, ","), "max_sessions", cfg.HTTP.MaxSessions,
 		"max_sessions_per_caller", cfg.HTTP.SessionsPerCaller(), "max_calls_per_caller", cfg.HTTP.CallsPerCaller(),
-		"max_request_bytes", g.MaxBody(), "idle_timeout", cfg.IdleTimeout)
+		"max_request_bytes", g.MaxBody(), "idle_timeout", cfg.IdleTimeout, "default_sandbox", cfg.HTTP.DefaultSandbox)
 
 	select {
 	case <-ctx.Done():

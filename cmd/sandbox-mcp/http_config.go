@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
 // Defaults and limits of the HTTP transport's configuration.
@@ -43,6 +44,26 @@ type HTTPConfig struct {
 	// MaxCallsPerCaller caps the tool calls and resource reads one caller
 	// has in flight at once. 0 means the default, see CallsPerCaller.
 	MaxCallsPerCaller int
+	// DefaultSandbox is what a call without `sandbox` uses on MCP
+	// 2026-07-28, which has no sessions (--default-sandbox): none
+	// (DefaultSandboxNone: the call is refused and told to make one) or
+	// one per caller (DefaultSandboxPerCaller).
+	DefaultSandbox string
+}
+
+// --default-sandbox's values.
+const (
+	DefaultSandboxNone      = "none"
+	DefaultSandboxPerCaller = "per-caller"
+)
+
+// Sessionless is the tools' rule for a call without `sandbox` on MCP
+// 2026-07-28 over HTTP.
+func (h HTTPConfig) Sessionless() tools.Sessionless {
+	if h.DefaultSandbox == DefaultSandboxPerCaller {
+		return tools.SessionlessPerCaller
+	}
+	return tools.SessionlessNone
 }
 
 // SessionsPerCaller returns the effective --max-sessions-per-caller: as
@@ -89,6 +110,9 @@ func (f *flagSet) addTransportFlags(cfg *Config) {
 	fs.IntVar(&h.MaxSessions, "max-sessions", h.MaxSessions, "MCP sessions (each with its sandbox) served at once over --http; a new session beyond it gets 503")
 	fs.IntVar(&h.MaxSessionsPerCaller, "max-sessions-per-caller", h.MaxSessionsPerCaller, "MCP sessions one caller (one --token) holds at once; a new session beyond it gets 429 (0: a quarter of --max-sessions, at least 1, when --token names several callers; all of --max-sessions otherwise)")
 	fs.IntVar(&h.MaxCallsPerCaller, "max-calls-per-caller", h.MaxCallsPerCaller, "tool calls and resource reads one caller (one --token) has in flight at once over --http; more get BUSY (0: twice --max-sessions-per-caller)")
+	fs.Var(&choice{v: &h.DefaultSandbox, allowed: []string{DefaultSandboxNone, DefaultSandboxPerCaller}}, "default-sandbox",
+		"`mode` for a call without `sandbox` from an MCP 2026-07-28 client over --http, which has no session and so no session's sandbox: "+
+			"none (refused: it is told to make one with sandbox_create and name it) or per-caller (each caller, one --token, gets one default sandbox, kept until the server exits; its container goes when idle, snapshotted, and comes back at the next call)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", cfg.AuditLog, "append a JSON line per tool call to this `file` (created with mode 0600)")
 }
 

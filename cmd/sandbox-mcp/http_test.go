@@ -164,18 +164,34 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.base.RoundTrip(r)
 }
 
+// sessionsVersion is the MCP version the HTTP tests' clients ask for
+// unless a test says otherwise: the newest with protocol sessions, since
+// these tests are about a session's own sandbox and the session caps. The
+// go-sdk client on its own prefers 2026-07-28, which has no sessions (see
+// revisions_e2e_test.go).
+const sessionsVersion = "2025-11-25"
+
 // connect opens an MCP session as the caller with token ("" for none),
-// through the go-sdk client with its default protocol preference.
+// through the go-sdk client at sessionsVersion.
 func (s *httpServer) connect(token string) *server {
 	s.t.Helper()
-	c, err := s.tryConnect(token)
+	return s.connectAt(token, sessionsVersion)
+}
+
+// connectAt is connect asking for protocol version ("": the SDK's
+// preference).
+func (s *httpServer) connectAt(token, version string) *server {
+	s.t.Helper()
+	c, err := s.tryConnectAt(token, version)
 	if err != nil {
 		s.t.Fatalf("connect: %v\nserver stderr:\n%s", err, s.stderr)
 	}
 	return c
 }
 
-func (s *httpServer) tryConnect(token string) (*server, error) { return s.tryConnectAt(token, "") }
+func (s *httpServer) tryConnect(token string) (*server, error) {
+	return s.tryConnectAt(token, sessionsVersion)
+}
 
 // tryConnectAt is tryConnect asking for protocol version ("": the SDK's).
 func (s *httpServer) tryConnectAt(token, version string) (*server, error) {
@@ -496,8 +512,7 @@ func TestHTTPNonLoopback(t *testing.T) {
 }
 
 // TestHTTPCallers: sessions are separate, sandboxes and snapshots belong to
-// their caller (HTTP cases 11, 14, 21), clients preferring MCP
-// 2026-07-28 fall back to 2025-11-25, and the audit log records calls.
+// their caller (HTTP cases 11, 14, 21), and the audit log records calls.
 func TestHTTPCallers(t *testing.T) {
 	auditPath := t.TempDir() + "/audit.jsonl"
 	stateDir := t.TempDir()
@@ -507,8 +522,8 @@ func TestHTTPCallers(t *testing.T) {
 		args: []string{"--audit-log", auditPath, "--env", "GIVEN", "--state-dir", stateDir},
 	})
 	a := s.connect(tokenA)
-	if v := a.cs.InitializeResult().ProtocolVersion; v != "2025-11-25" {
-		t.Fatalf("the default client negotiated %q, want the fallback to 2025-11-25", v)
+	if v := a.cs.InitializeResult().ProtocolVersion; v != sessionsVersion {
+		t.Fatalf("the client negotiated %q, want %s", v, sessionsVersion)
 	}
 	a2 := s.connect(tokenA)
 	b := s.connect(tokenB)

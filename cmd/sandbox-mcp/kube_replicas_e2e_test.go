@@ -128,8 +128,9 @@ func connectURL(t *testing.T, endpoint string) *mcp.ClientSession {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	hc := &http.Client{Transport: bearer{tokenA, http.DefaultTransport}}
+	// At sessionsVersion: these tests are about sessions and replicas.
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "replicas-e2e", Version: "0"}, nil).
-		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, &mcp.ClientSessionOptions{ProtocolVersion: sessionsVersion})
 	if err != nil {
 		t.Fatalf("connect to %s: %v", endpoint, err)
 	}

@@ -49,10 +49,11 @@ var version = ""
 // shutdownTimeout bounds the removal of every sandbox at exit.
 const shutdownTimeout = 30 * time.Second
 
-// protocolVersions are the MCP versions served. 2026-07-28 has no protocol
-// sessions, and a sandbox per session needs them: clients that prefer it
-// fall back to 2025-11-25.
-var protocolVersions = []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"}
+// protocolVersions are the MCP versions served, side by side: 2026-07-28
+// (no protocol sessions: over stdio by server/discover and each request's
+// _meta, over HTTP by the stateless handler, see httpguard) and the older
+// ones (initialize; over HTTP by the handler with sessions).
+var protocolVersions = []string{"2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"}
 
 func main() {
 	// SIGINT and SIGTERM stay caught for the whole life of the process:
@@ -267,6 +268,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 	for _, sec := range cfg.Secrets {
 		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
 	}
+	view.ImplicitSandbox = sessions.Sessionless.String()
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSessions
 		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
@@ -276,6 +278,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 		Instructions:              tools.Instructions(view, image.DefaultTag()),
 		Logger:                    log,
 		SupportedProtocolVersions: protocolVersions,
+		SetCacheable:              tools.SetCacheable,
 	})
 	deps := &tools.Deps{
 		Policy:     cfg.Policy,

@@ -293,8 +293,10 @@ spec:
 	defer cancel()
 	hc := &http.Client{Transport: bearer{testToken, http.DefaultTransport}}
 	url := fmt.Sprintf("http://%s/mcp", net.JoinHostPort(ips[0], fmt.Sprint(serverPort)))
+	// At 2025-11-25, which has sessions: the call below uses its
+	// session's sandbox (MCP 2026-07-28 over HTTP has none).
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "deploy-test", Version: "0"}, nil).
-		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatalf("connect to %s: %v", url, err)
 	}

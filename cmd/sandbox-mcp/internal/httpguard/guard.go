@@ -139,7 +139,11 @@ type Guard struct {
 	server   *mcp.Server // its sessions are the ones this process holds
 	quota    *sessionQuota
 	posts    *posts       // the POSTs being served, whose calls end with them
-	mcp      http.Handler // the SDK's streamable handler
+	mcp      http.Handler // the SDK's streamable handler, with sessions (MCP 2025-11-25 and older)
+	// stateless is the SDK's stateless handler (MCP 2026-07-28 and later),
+	// over the same server: each request on a session of its own that
+	// ends with it.
+	stateless http.Handler
 	authed   http.Handler // token check, then serveMCP
 	log      *slog.Logger
 }
@@ -213,6 +217,12 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 		// reverse proxy on the same machine.
 		DisableLocalhostProtection: true,
 	})
+	g.stateless = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{
+		Stateless:                  true,
+		Logger:                     log,
+		MaxRequestBodyBytes:        g.maxBody,
+		DisableLocalhostProtection: true, // as above
+	})
 	g.authed = auth.RequireBearerToken(g.verify, &auth.RequireBearerTokenOptions{
 		// Static tokens do not expire: an operator revokes one by
 		// restarting the server without it.
@@ -281,13 +291,46 @@ func (g *Guard) verify(_ context.Context, token string, r *http.Request) (*auth.
 	return &auth.TokenInfo{UserID: caller}, nil
 }
 
-// serveMCP hands an authenticated request to the SDK, after admitting a
-// request that may open a session under the session caps, and ending a
-// deleted session's calls.
+// sessionlessSince is the first MCP version without protocol sessions
+// (SEP-2567), served by the stateless handler.
+const sessionlessSince = "2026-07-28"
+
+// Sessionless reports whether a request is for the stateless handler: its
+// MCP-Protocol-Version header names 2026-07-28 or later. Clients of those
+// versions send the header on every request (the go-sdk's sets it from
+// each message's _meta, server/discover included), and the SDK refuses a
+// request whose _meta names a version its header does not; a request
+// without the header is an older client's, or an initialize.
+func Sessionless(r *http.Request) bool {
+	return r.Header.Get("MCP-Protocol-Version") >= sessionlessSince
+}
+
+// serveMCP hands an authenticated request to the SDK: one of MCP
+// 2026-07-28 to the stateless handler once its body is admitted, any
+// other to the handler with sessions, after admitting a request that may
+// open a session under the session caps, and ending a deleted session's
+// calls.
 func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 	caller := ""
 	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
 		caller = ti.UserID
+	}
+	if Sessionless(r) {
+		// No session to look up, open or end: GET and DELETE get 405
+		// from the SDK (the revision has no standalone stream and no
+		// session to delete).
+		if r.Method == http.MethodPost {
+			admitted, release, ok := g.admitBody(w, r, caller)
+			if !ok {
+				return
+			}
+			defer release()
+			r = admitted
+		}
+		r, served := g.posts.tag(r)
+		defer served()
+		g.stateless.ServeHTTP(w, r)
+		return
 	}
 	id := r.Header.Get("Mcp-Session-Id")
 	if (r.Method == http.MethodPost || r.Method == http.MethodGet) && id != "" && !g.holds(id) {
@@ -317,7 +360,7 @@ func (g *Guard) serveMCP(w http.ResponseWriter, r *http.Request) {
 		// The SDK's DELETE waits for the session's calls to return:
 		// remove the sandbox first, which ends them. Another caller's
 		// session is left to the SDK, which answers 403.
-		if g.sessions.End(id, caller) {
+		if g.sessions != nil && g.sessions.End(id, caller) {
 			g.log.Info("session deleted: its sandbox was removed", "session", id)
 		}
 	case r.Method == http.MethodPost && id == "":
@@ -393,6 +436,9 @@ func (g *Guard) refuse(w http.ResponseWriter, r *http.Request, status int, msg s
 
 // holds reports whether the MCP session id is one this process serves.
 func (g *Guard) holds(id string) bool {
+	if id == "" {
+		return false // the stateless handler's sessions have none
+	}
 	for ss := range g.server.Sessions() {
 		if ss.ID() == id {
 			return true

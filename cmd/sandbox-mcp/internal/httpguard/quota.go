@@ -68,7 +68,11 @@ func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, d
 	defer q.mu.Unlock()
 	live := make(map[*mcp.ServerSession]bool)
 	for ss := range q.server.Sessions() {
-		live[ss] = true
+		// A session without an id is a stateless request's (MCP
+		// 2026-07-28), which ends with its request and holds nothing.
+		if ss.ID() != "" {
+			live[ss] = true
+		}
 	}
 	mine := 0
 	for a := range q.held {
