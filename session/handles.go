@@ -111,7 +111,15 @@ func (b *endedBook) add(id string, e endedSandbox) {
 // ago, so that it tells a caller nothing about other callers' sandboxes.
 func notFound(id string) error {
 	return errcode.Errorf(errcode.NotFound,
-		"no sandbox %q belongs to you; sandbox_status lists yours and sandbox_create makes one (or omit \"sandbox\" to use this session's own)", clipID(id))
+		"no sandbox %q belongs to you; sandbox_status lists yours and sandbox_create makes one (or omit \"sandbox\" to use this session's own)", clipHandle(id))
+}
+
+// clipHandle bounds what an error quotes of a handle the caller gave.
+func clipHandle(id string) string {
+	if len(id) > 64 {
+		return id[:64] + "..."
+	}
+	return id
 }
 
 // endedError is the error for a call naming one of its caller's ended

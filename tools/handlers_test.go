@@ -87,6 +87,7 @@ func (s *fakeSandbox) TakeNotice() string {
 	s.notice = ""
 	return n
 }
+
 func (s *fakeSandbox) Owner() string { return "" }
 
 func (s *fakeSandbox) Exec(ctx context.Context, req session.ExecRequest) (session.ExecResult, error) {
