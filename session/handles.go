@@ -301,7 +301,12 @@ func (m *Manager) End(ctx context.Context, id, owner string, snapshotFirst bool)
 		}
 	}
 	if !m.end(s, "was ended by sandbox_end", saved) {
-		return nil, notFound(id) // ended meanwhile by another call
+		// Ended meanwhile (another call, its lifetime, the server
+		// stopping): say how, as a later call would hear it.
+		if _, err := m.Find(id, owner); err != nil {
+			return nil, err
+		}
+		return nil, notFound(id)
 	}
 	return saved, nil
 }

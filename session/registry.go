@@ -405,11 +405,11 @@ func (m *Manager) Lookup(id, owner string) (*Sandbox, bool) {
 	return s, err == nil
 }
 
-// Count returns the number of sandboxes.
+// Count returns the number of sandboxes, sessions' own and by handle.
 func (m *Manager) Count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.byKey)
+	return len(m.byID)
 }
 
 // Release removes the sandbox for key: its calls end and its container is

@@ -19,7 +19,7 @@ func Instructions(v PolicyView, defaultImage string) string {
 	p := v.Policy
 	var b strings.Builder
 	b.WriteString("Each session gets its own sandbox: a Linux container, made at your first call and removed when the session ends. " +
-		"sandbox_create makes more, each a handle you pass as sandbox, kept until sandbox_end (or idle, saved and restored on next use); sandbox_status lists them. ")
+		"sandbox_create makes more, each a handle you pass as sandbox; they outlive the session until sandbox_end (idle ones are saved, then restored at next use); sandbox_status lists them. ")
 	switch {
 	case v.Toolbox != nil:
 		if v.Image != "" && v.Image != defaultImage {
