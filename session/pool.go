@@ -10,7 +10,7 @@ import (
 // first call does not wait for a container to start. A warm container is a
 // sandbox container like any other, hardened, labelled and seeded the same
 // way, made under the sandbox id it will serve under; it counts against
-// --max-sessions while it waits.
+// --max-sandboxes while it waits.
 type pool struct {
 	want int
 	wake chan struct{}

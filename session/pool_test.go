@@ -83,10 +83,10 @@ func TestWarmPoolRespectsMaxSessions(t *testing.T) {
 	// The pool grows only while poolNeeds says so: with 2 sandboxes and 1
 	// warm container of at most 3, it must not.
 	if m.poolNeeds() {
-		t.Fatalf("the pool would grow beyond --max-sessions: warm %d with 2 sandboxes of at most 3", m.WarmReady())
+		t.Fatalf("the pool would grow beyond --max-sandboxes: warm %d with 2 sandboxes of at most 3", m.WarmReady())
 	}
 	if n := len(testenv.Containers(t, testenv.Engine(t), docker.LabelInstance, m.Instance())); n != 3 {
-		t.Fatalf("%d containers, want 3 (--max-sessions)", n)
+		t.Fatalf("%d containers, want 3 (--max-sandboxes)", n)
 	}
 	m.Release("a")
 	waitWarm(t, m, 2)

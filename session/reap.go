@@ -33,10 +33,14 @@ func idleSnapshotTimeout(p policy.Policy) time.Duration {
 // one whose turn does not come this tick is taken at a later one.
 func (m *Manager) reapLoop() {
 	defer m.wg.Done()
-	t := time.NewTicker(max(m.opts.IdleTimeout/10, 100*time.Millisecond))
+	every := m.opts.IdleTimeout
+	if every == 0 || (m.opts.MaxLifetime > 0 && m.opts.MaxLifetime < every) {
+		every = m.opts.MaxLifetime
+	}
+	t := time.NewTicker(max(every/10, 100*time.Millisecond))
 	defer t.Stop()
 	reaping := map[*Sandbox]bool{}
-	// Each of at most reapParallel reapers sends once: never blocks.
+	// Each reaper sends once; the loop takes them while it runs.
 	done := make(chan *Sandbox, reapParallel)
 	for {
 		select {
@@ -49,22 +53,43 @@ func (m *Manager) reapLoop() {
 				s    *Sandbox
 				idle time.Duration
 			}
-			var due []candidate
+			var due, expired []candidate
 			m.mu.Lock()
-			for _, s := range m.byKey {
-				if d := s.idleFor(now); d >= m.opts.IdleTimeout && !reaping[s] {
-					due = append(due, candidate{s, d})
+			for _, s := range m.byID {
+				switch {
+				case reaping[s] || s.ending || s.ctx.Err() != nil:
+				case m.opts.MaxLifetime > 0 && s.handle && now.Sub(s.created) >= m.opts.MaxLifetime:
+					expired = append(expired, candidate{s, 0})
+				case m.opts.IdleTimeout > 0:
+					if d := s.idleFor(now); d >= m.opts.IdleTimeout {
+						due = append(due, candidate{s, d})
+					}
 				}
 			}
 			m.mu.Unlock()
+			for _, e := range expired {
+				reaping[e.s] = true
+				m.wg.Add(1)
+				go func() {
+					defer m.wg.Done()
+					m.expire(e.s)
+					select {
+					case done <- e.s:
+					case <-m.ctx.Done():
+					}
+				}()
+			}
 			slices.SortFunc(due, func(a, b candidate) int { return cmp.Compare(b.idle, a.idle) })
-			for _, d := range due[:min(len(due), reapParallel-len(reaping))] {
+			for _, d := range due[:max(0, min(len(due), reapParallel-len(reaping)))] {
 				reaping[d.s] = true
 				m.wg.Add(1)
 				go func() {
 					defer m.wg.Done()
 					d.s.reapIdle(m.opts.IdleTimeout)
-					done <- d.s
+					select {
+					case done <- d.s:
+					case <-m.ctx.Done():
+					}
 				}()
 			}
 		}
@@ -78,7 +103,7 @@ func (m *Manager) reapLoop() {
 func (s *Sandbox) reapIdle(idle time.Duration) {
 	s.mu.Lock()
 	inst := s.cur
-	if inst == nil || s.busy != nil || s.inflight.Load() > 0 {
+	if inst == nil || s.busy != nil || s.closed || s.inflight.Load() > 0 {
 		s.mu.Unlock()
 		return
 	}

@@ -76,9 +76,18 @@ type Options struct {
 	UID, GID int
 	// TmpBytes is the size of /tmp; 0 means DefaultTmpBytes.
 	TmpBytes int64
-	// MaxSandboxes caps the sandboxes alive at once; a new session's
-	// sandbox beyond it gets BUSY. 0 means no cap.
+	// MaxSandboxes caps the sandboxes alive at once, a session's own and
+	// those made by Create alike (--max-sandboxes); one more gets BUSY.
+	// 0 means no cap.
 	MaxSandboxes int
+	// MaxSandboxesPerCaller caps the sandboxes one owner holds at once
+	// (--max-sandboxes-per-caller); one more gets BUSY. 0 means no cap
+	// but MaxSandboxes.
+	MaxSandboxesPerCaller int
+	// MaxLifetime ends a sandbox made by Create this long after its
+	// creation, its workspace saved first (--max-sandbox-lifetime). 0
+	// means never.
+	MaxLifetime time.Duration
 	// SweepEvery runs the backend's sweep again at this interval while
 	// the server runs, not only at the start: where several servers share
 	// a cluster, the survivors remove what a server that died left, once
@@ -128,6 +137,7 @@ type Manager struct {
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
 	byID   map[string]*Sandbox
+	ended  endedBook // sandboxes ended, for the calls that still name them
 	closed bool
 }
 
@@ -224,7 +234,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	m.prep.mu.Lock()
 	m.prep.start()
 	m.prep.mu.Unlock()
-	if opts.IdleTimeout > 0 {
+	if opts.IdleTimeout > 0 || opts.MaxLifetime > 0 {
 		m.wg.Add(1)
 		go m.reapLoop()
 	}
@@ -303,17 +313,44 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 	if s := m.byKey[key]; s != nil {
 		return s, nil
 	}
-	// A sandbox whose session ended still counts until its container is
-	// gone; wait a little for such removals rather than refuse.
-	for wait := time.NewTimer(removalWait); ; {
-		max := m.opts.MaxSandboxes
-		if max <= 0 || len(m.byID) < max {
-			wait.Stop()
-			break
+	if s, err := m.room(owner, func() *Sandbox { return m.byKey[key] }); s != nil || err != nil {
+		return s, err
+	}
+	s := m.newSandbox(owner, key, true)
+	m.byKey[key] = s
+	return s, nil
+}
+
+// room waits, with m.mu held, until owner may have one more sandbox under
+// --max-sandboxes and --max-sandboxes-per-caller, or says why not (BUSY).
+// A sandbox whose session ended still counts until its container is gone:
+// room waits a little for such removals rather than refuse. If found is
+// set and returns a sandbox once m.mu was let go and taken again, room
+// returns that one (made meanwhile by another call for the same session).
+func (m *Manager) room(owner string, found func() *Sandbox) (*Sandbox, error) {
+	wait := time.NewTimer(removalWait)
+	defer wait.Stop()
+	for {
+		max, share := m.opts.MaxSandboxes, m.opts.MaxSandboxesPerCaller
+		mine := 0
+		if share > 0 {
+			for _, s := range m.byID {
+				if s.owner == owner {
+					mine++
+				}
+			}
+		}
+		var full error
+		switch {
+		case max > 0 && len(m.byID) >= max:
+			full = errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sandboxes); end one of yours with sandbox_end (sandbox_status lists them), or try again when others end", max)
+		case share > 0 && mine >= share:
+			full = errcode.Errorf(errcode.Busy, "you already hold %d sandboxes, the most one caller may (--max-sandboxes-per-caller); end one with sandbox_end (sandbox_status lists them), then try again", share)
+		default:
+			return nil, nil
 		}
 		if m.removals.sandboxes == 0 {
-			wait.Stop()
-			return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions); try again when a session ends", max)
+			return nil, full
 		}
 		removed := m.removals.ended
 		m.mu.Unlock()
@@ -321,54 +358,58 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 		case <-removed:
 		case <-wait.C:
 			m.mu.Lock()
-			return nil, errcode.Errorf(errcode.Busy, "this server already runs %d sandboxes, its limit (--max-sessions), and the ones being removed took longer than %s; try again shortly", max, removalWait)
+			return nil, errcode.Errorf(errcode.Busy, "%s (the sandboxes being removed took longer than %s to go)", full.(*errcode.Error).Message, removalWait)
 		}
 		m.mu.Lock()
 		if m.closed {
-			wait.Stop()
 			return nil, errcode.Errorf(errcode.Unavailable, "the server is shutting down")
 		}
-		if s := m.byKey[key]; s != nil {
-			wait.Stop()
-			return s, nil
+		if found != nil {
+			if s := found(); s != nil {
+				return s, nil
+			}
 		}
 	}
+}
+
+// newSandbox makes and registers a sandbox record for owner (key is its
+// session's, "" for one made by Create), taking a warm container if warm
+// and there is one. m.mu is held.
+func (m *Manager) newSandbox(owner, key string, warm bool) *Sandbox {
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &Sandbox{
-		m:      m,
-		id:     randomID("sb-"),
-		owner:  owner,
-		ctx:    ctx,
-		cancel: cancel,
-		execs:  make(chan struct{}, m.opts.Policy.MaxExecs),
+		m:       m,
+		id:      randomID("sb-"),
+		owner:   owner,
+		key:     key,
+		created: time.Now(),
+		ctx:     ctx,
+		cancel:  cancel,
+		execs:   make(chan struct{}, m.opts.Policy.MaxExecs),
 	}
-	if w, ok := m.takeWarm(); ok {
-		s.id, s.cur, s.gen = w.id, w.inst, 1
-		m.log.Info("sandbox taken from the warm pool", "sandbox", s.id)
+	if warm {
+		if w, ok := m.takeWarm(); ok {
+			s.id, s.cur, s.gen = w.id, w.inst, 1
+			m.log.Info("sandbox taken from the warm pool", "sandbox", s.id)
+		}
 	}
 	s.lastUsed.Store(time.Now().UnixNano())
-	m.byKey[key] = s
 	m.byID[s.id] = s
-	return s, nil
+	return s
 }
 
 // Lookup finds a sandbox by id for owner. Another owner's sandbox is not
-// found.
+// found (Find says why).
 func (m *Manager) Lookup(id, owner string) (*Sandbox, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.byID[id]
-	if s == nil || s.owner != owner {
-		return nil, false
-	}
-	return s, true
+	s, err := m.Find(id, owner)
+	return s, err == nil
 }
 
-// Count returns the number of sandboxes.
+// Count returns the number of sandboxes, sessions' own and by handle.
 func (m *Manager) Count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.byKey)
+	return len(m.byID)
 }
 
 // Release removes the sandbox for key: its calls end and its container is
@@ -506,8 +547,11 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 }
 
+// randomID returns prefix and 128 random bits in hex: a sandbox's id is
+// its handle, which must not be guessed (though it is never authority
+// alone: every call checks its owner).
 func randomID(prefix string) string {
-	var b [8]byte
+	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err) // crypto/rand does not fail on Linux
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
-// Sandbox is one MCP session's sandbox: a record that outlives any one
-// container. Its container starts at the first call that needs it; if the
+// Sandbox is one MCP session's sandbox, or one made by Create (a handle,
+// see handles.go): a record that outlives any one container. Its container starts at the first call that needs it; if the
 // container is lost (the agent died, it was removed from outside, or it sat
 // idle too long) the next call says so and the call after that gets a fresh
 // container.
@@ -26,6 +26,14 @@ type Sandbox struct {
 	m     *Manager
 	id    string
 	owner string
+	// key is the session's whose own sandbox this is; "" for one made by
+	// Create (handle), whose label and template are the caller's.
+	key      string
+	handle   bool
+	label    string
+	template string
+	from     string // the snapshot Create made it from
+	created  time.Time
 
 	// ctx ends when the sandbox is removed (its session ended); every call
 	// into the sandbox is tied to it.
@@ -46,8 +54,17 @@ type Sandbox struct {
 	lost   string // why the last container went away, until a call reports it
 	closed bool
 	// restoreFrom is the snapshot the next container starts from, after a
-	// container was lost.
+	// container was lost (or, for a handle, the one it was made from).
 	restoreFrom string
+	// notice is what the next call's result tells about how a handle's
+	// container came back (TakeNotice).
+	notice string
+	// gone is the error of a call to a handle that was ended (End,
+	// MaxLifetime): set before it is closed.
+	gone error
+	// ending is set, under Manager.mu, once End or MaxLifetime took the
+	// sandbox: it is no longer found.
+	ending bool
 }
 
 // ID returns the sandbox's id, as reported in every tool result.
@@ -73,7 +90,7 @@ func (s *Sandbox) begin(ctx context.Context) (context.Context, func()) {
 	s.lastUsed.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() {
-		cancel(sessionEnded())
+		cancel(s.ended())
 	})
 	return ctx, func() {
 		stop()
@@ -122,7 +139,11 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		s.mu.Lock()
 	}
 	if s.closed {
+		gone := s.gone
 		s.mu.Unlock()
+		if gone != nil {
+			return nil, gone
+		}
 		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
 	var old *instance // a container found dead, removed outside s.mu
@@ -139,6 +160,12 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 			}
 			s.planRecovery()
 		}
+	}
+	if s.lost != "" && s.handle {
+		// A handle outlives its containers: this call starts the next
+		// one, and its result says what happened.
+		s.notice = fmt.Sprintf("sandbox %s %s. This call started it again: %s", s.id, s.lost, s.nextStartNow())
+		s.lost = ""
 	}
 	if s.lost != "" {
 		why := s.lost
@@ -172,9 +199,12 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		// The session ended while the container started; close waits
 		// for done, so the container is gone when close returns.
 		s.m.removeInstance(inst)
-		return nil, sessionEnded()
+		return nil, s.ended()
 	}
 	if err != nil {
+		s.mu.Lock()
+		s.notice = "" // the error says what happened
+		s.mu.Unlock()
 		return nil, err
 	}
 	return inst, nil
@@ -219,13 +249,33 @@ func (s *Sandbox) nextStart() string {
 	return fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", s.restoreFrom)
 }
 
+// nextStartNow says what the call that starts a handle's next container
+// does. s.mu is held.
+func (s *Sandbox) nextStartNow() string {
+	if s.restoreFrom == "" {
+		return "its workspace is new and empty"
+	}
+	return fmt.Sprintf("its workspace was restored from snapshot %s (files only: no process or job survived)", s.restoreFrom)
+}
+
+// ended is the error of a call whose sandbox was removed while it ran.
+func (s *Sandbox) ended() error {
+	s.mu.Lock()
+	gone := s.gone
+	s.mu.Unlock()
+	if gone != nil {
+		return gone
+	}
+	return sessionEnded()
+}
+
 // failed notes that a call saw the container go away, so the model is told
 // (here, with what happens next) and the next call starts afresh.
 func (s *Sandbox) failed(inst *instance, err error) error {
 	if err != nil && s.ctx.Err() != nil {
 		// The sandbox went with its session: whatever broke the call
 		// (its container removed under it), there is no next call here.
-		return sessionEnded()
+		return s.ended()
 	}
 	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.Err() != nil {
 		if inst.reported.Swap(true) {

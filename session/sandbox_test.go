@@ -371,7 +371,7 @@ func TestMaxSandboxes(t *testing.T) {
 	}
 	_, err := m.Sandbox("c", "")
 	e := wantCode(t, err, errcode.Busy)
-	if !strings.Contains(e.Message, "--max-sessions") {
+	if !strings.Contains(e.Message, "--max-sandboxes") {
 		t.Errorf("message: %s", e.Message)
 	}
 	m.Release("a")

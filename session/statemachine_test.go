@@ -281,7 +281,7 @@ func TestIdleRemovalSavesTheWorkspace(t *testing.T) {
 }
 
 // TestWarmPoolCountsAgainstMaxSessions: warm instances count against
-// --max-sessions, so the pool stops filling when sandboxes plus warm
+// --max-sandboxes, so the pool stops filling when sandboxes plus warm
 // instances reach it, a new session takes a warm instance instead of
 // starting one, and a sandbox's end makes room for another warm one.
 func TestWarmPoolCountsAgainstMaxSessions(t *testing.T) {

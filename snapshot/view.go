@@ -2,8 +2,13 @@ package snapshot
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"slices"
+	"strings"
+	"time"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 )
 
 // View is one caller's view of the store: the snapshots that caller's
@@ -65,3 +70,44 @@ func (v *View) Delete(id string) error {
 
 // Latest returns the caller's newest snapshot that sandbox made.
 func (v *View) Latest(sandbox string) (Info, bool) { return v.s.latest(v.owner, sandbox) }
+
+// Latest is what sandbox_restore and sandbox_create take for the caller's
+// newest snapshot.
+const Latest = "latest"
+
+// listYours is how a caller sees its snapshots.
+const listYours = "sandbox_snapshot with list: true shows yours"
+
+// Resolve turns what a caller names a snapshot by (an id, Latest, or a
+// label no other snapshot of the caller has) into one of its snapshot ids.
+// An id is returned as it is: whether it is the caller's is for Open to
+// say.
+func (v *View) Resolve(name string) (string, error) {
+	if ValidID(name) {
+		return name, nil
+	}
+	mine, err := v.List()
+	if err != nil {
+		return "", err
+	}
+	if name == Latest {
+		if len(mine) == 0 {
+			return "", errcode.Errorf(errcode.NotFound, "you have no snapshots to restore; sandbox_snapshot makes one")
+		}
+		return mine[len(mine)-1].ID, nil // oldest first
+	}
+	var ids []string
+	for i := len(mine) - 1; i >= 0; i-- {
+		if mine[i].Label == name {
+			ids = append(ids, fmt.Sprintf("%s (%s)", mine[i].ID, mine[i].CreatedAt.UTC().Format(time.RFC3339)))
+		}
+	}
+	switch len(ids) {
+	case 0:
+		return "", errcode.Errorf(errcode.NotFound, "no snapshot of yours has the id or label %q; %s", name, listYours)
+	case 1:
+		id, _, _ := strings.Cut(ids[0], " ")
+		return id, nil
+	}
+	return "", errcode.Errorf(errcode.InvalidArgument, "%d snapshots of yours have the label %q: %s (newest first); pass the id of the one to use", len(ids), name, strings.Join(ids, ", "))
+}

@@ -16,7 +16,7 @@ const NameDelete = "sandbox_delete"
 type DeleteIn struct {
 	Path      string `json:"path" jsonschema:"File, symlink or directory to delete, relative to /workspace."`
 	Recursive bool   `json:"recursive,omitempty" jsonschema:"Delete a directory that is not empty, with everything in it."`
-	Sandbox   string `json:"sandbox,omitempty" jsonschema:"Sandbox id to delete in. Default: this session's sandbox."`
+	Sandbox   string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to delete in. Default: this session's own."`
 }
 
 // DeleteOut is sandbox_delete's output.

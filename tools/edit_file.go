@@ -22,7 +22,7 @@ type EditIn struct {
 	NewString  string   `json:"new_string,omitempty" jsonschema:"The text to put in its place."`
 	ReplaceAll bool     `json:"replace_all,omitempty" jsonschema:"Replace every occurrence. Default: old_string must occur exactly once."`
 	Edits      []EditOp `json:"edits,omitempty" jsonschema:"Several edits instead of old_string and new_string: applied in order, each to the text the ones before it left; if one fails, none is made."`
-	Sandbox    string   `json:"sandbox,omitempty" jsonschema:"Sandbox id to edit in. Default: this session's sandbox."`
+	Sandbox    string   `json:"sandbox,omitempty" jsonschema:"Sandbox handle to edit in. Default: this session's own."`
 }
 
 // EditOp is one edit of a sandbox_edit_file call with several.

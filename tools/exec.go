@@ -29,7 +29,7 @@ type ExecIn struct {
 	Stdin      string            `json:"stdin,omitempty" jsonschema:"Text fed to the command's standard input. Default: empty."`
 	TimeoutMS  int64             `json:"timeout_ms,omitempty" jsonschema:"Kill the command (and everything it started) after this many milliseconds."`
 	Background bool              `json:"background,omitempty" jsonschema:"Return at once with the job id; read its output, wait, send stdin or a signal with sandbox_job. For servers, watchers, long builds."`
-	Sandbox    string            `json:"sandbox,omitempty" jsonschema:"Sandbox id to run in. Default: this session's sandbox."`
+	Sandbox    string            `json:"sandbox,omitempty" jsonschema:"Sandbox handle to run in. Default: this session's own."`
 }
 
 // ExecOut is sandbox_exec's output.

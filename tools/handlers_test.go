@@ -50,9 +50,12 @@ func (f *fakeSandboxes) Sandbox(key, owner string) (Sandbox, error) {
 	return f.sb, nil
 }
 
-func (f *fakeSandboxes) Lookup(id, owner string) (Sandbox, bool) {
+func (f *fakeSandboxes) Lookup(id, owner string) (Sandbox, error) {
 	f.record("Lookup %s", id)
-	return f.sb, id == f.sb.ID()
+	if id != f.sb.ID() {
+		return nil, errcode.Errorf(errcode.NotFound, "no sandbox %q belongs to you; sandbox_status lists yours and sandbox_create makes one (or omit \"sandbox\" to use this session's own)", id)
+	}
+	return f.sb, nil
 }
 
 func (f *fakeSandboxes) Release(key string) { f.record("Release") }
@@ -71,9 +74,20 @@ type fakeSandbox struct {
 	entries []session.Entry
 	// written is what WriteFileFrom read from its reader.
 	written []byte
+	// notice is what TakeNotice returns once.
+	notice string
 }
 
-func (s *fakeSandbox) ID() string    { return "sb-fake" }
+func (s *fakeSandbox) ID() string { return "sb-fake" }
+
+func (s *fakeSandbox) TakeNotice() string {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	n := s.notice
+	s.notice = ""
+	return n
+}
+
 func (s *fakeSandbox) Owner() string { return "" }
 
 func (s *fakeSandbox) Exec(ctx context.Context, req session.ExecRequest) (session.ExecResult, error) {

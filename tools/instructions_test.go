@@ -62,7 +62,7 @@ func TestInstructionsFollowTheConfig(t *testing.T) {
 		},
 		"http with a default": {
 			has:    []string{"A call without `sandbox` uses your MCP session's sandbox", "(MCP 2026-07-28) it uses your one default sandbox."},
-			hasNot: []string{"sandbox_create", "this connection"},
+			hasNot: []string{"this connection"},
 		},
 		"default": {
 			has: []string{"Calls without `sandbox` share one sandbox: a Linux container, made at your first call and removed when this connection ends.", "It has bash 5.2, git 2.39,", "python3 3.11, pip 23.0, pytest 7.2, numpy 1.24, matplotlib 3.6, PIL 9.4, node 18.19", "It lacks wget,", "cargo", "no network", "/workspace last for the session", "working directory, exported variables and shell state do not carry over",

@@ -27,7 +27,7 @@ type JobIn struct {
 	WaitMS       int64  `json:"wait_ms,omitempty" jsonschema:"Wait up to this many milliseconds (at most 60000) for new output or the job's end."`
 	StdoutOffset *int64 `json:"stdout_offset,omitempty" jsonschema:"Read stdout from this byte of the job's kept output. Default: what is new since the last read."`
 	StderrOffset *int64 `json:"stderr_offset,omitempty" jsonschema:"Read stderr from this byte. Default: what is new since the last read."`
-	Sandbox      string `json:"sandbox,omitempty" jsonschema:"Sandbox id the job runs in. Default: this session's sandbox."`
+	Sandbox      string `json:"sandbox,omitempty" jsonschema:"Sandbox handle the job runs in. Default: this session's own."`
 }
 
 // JobOut is sandbox_job's output.

@@ -23,7 +23,7 @@ type ListIn struct {
 	Pattern    string `json:"pattern,omitempty" jsonschema:"Only entries whose path (relative to /workspace) matches this glob, e.g. **/*.py: ** crosses directories, a pattern without / matches names; one with / lists recursively."`
 	MaxEntries int    `json:"max_entries,omitempty" jsonschema:"Most entries to return. Default 200."`
 	Details    bool   `json:"details,omitempty" jsonschema:"Also give each entry's mode and mtime."`
-	Sandbox    string `json:"sandbox,omitempty" jsonschema:"Sandbox id to list. Default: this session's sandbox."`
+	Sandbox    string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to list. Default: this session's own."`
 }
 
 // ListEntry is one listed file.

@@ -17,7 +17,7 @@ type MoveIn struct {
 	From      string `json:"from" jsonschema:"File, symlink or directory to move, relative to /workspace."`
 	To        string `json:"to" jsonschema:"Its new path, relative to /workspace; ending in / moves it into that directory. Missing directories are created."`
 	Overwrite bool   `json:"overwrite,omitempty" jsonschema:"Replace an existing file at to. Default: an existing to is an error."`
-	Sandbox   string `json:"sandbox,omitempty" jsonschema:"Sandbox id to move in. Default: this session's sandbox."`
+	Sandbox   string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to move in. Default: this session's own."`
 }
 
 // MoveOut is sandbox_move's output.

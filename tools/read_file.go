@@ -31,7 +31,7 @@ type ReadIn struct {
 	ByteOffset int64  `json:"byte_offset,omitempty" jsonschema:"First byte to read: read bytes instead of lines (binary files, the rest of a cut line)."`
 	ByteLength int64  `json:"byte_length,omitempty" jsonschema:"Number of bytes to read. Default: up to the output cap; with a length, up to the file cap."`
 	Encoding   string `json:"encoding,omitempty" jsonschema:"base64 to get the bytes as base64 whatever they are (an image's bytes, say)."`
-	Sandbox    string `json:"sandbox,omitempty" jsonschema:"Sandbox id to read from. Default: this session's sandbox."`
+	Sandbox    string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to read from. Default: this session's own."`
 }
 
 // ReadOut is sandbox_read_file's output.

@@ -34,6 +34,9 @@ func All(d *Deps) []Tool {
 		tool(snapshotDef(), wrap(d, NameSnapshot, checkSnapshot, d.snapshot)),
 		tool(restoreDef(), wrap(d, NameRestore, d.checkRestore, d.restore)),
 		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, d.deleteSnapshot)),
+		tool(createDef(), wrap(d, NameCreate, as, d.create)),
+		tool(statusDef(), wrap(d, NameStatus, as, d.status)),
+		tool(endDef(), wrap(d, NameEnd, checkEnd, d.end)),
 	}
 }
 

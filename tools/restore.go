@@ -16,7 +16,7 @@ const NameRestore = "sandbox_restore"
 // RestoreIn is sandbox_restore's input.
 type RestoreIn struct {
 	ID      string `json:"id" jsonschema:"The snapshot to restore: its id (snap-...), its label if no other snapshot of yours has it, or latest for your newest."`
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox id to restore into. Default: this session's sandbox."`
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to restore into. Default: this session's own."`
 }
 
 // RestoreOut is sandbox_restore's output.

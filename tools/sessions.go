@@ -33,6 +33,10 @@ type Sandbox interface {
 	List(ctx context.Context, path string, o session.ListOptions) (session.ListResult, error)
 	Snapshot(ctx context.Context, label string) (snapshot.Info, error)
 	Restore(ctx context.Context, id string) (snapshot.Info, session.RestoreResult, error)
+	// TakeNotice returns, once, what the next result must tell about
+	// how the sandbox came back (its container removed, then started
+	// again from its saved workspace), or "".
+	TakeNotice() string
 }
 
 var _ Sandbox = (*session.Sandbox)(nil)
@@ -44,8 +48,9 @@ var _ Sandbox = (*session.Sandbox)(nil)
 type Sandboxes interface {
 	// Sandbox returns the sandbox of key, making it on first use for owner.
 	Sandbox(key, owner string) (Sandbox, error)
-	// Lookup finds owner's sandbox id; another owner's is not found.
-	Lookup(id, owner string) (Sandbox, bool)
+	// Lookup finds owner's sandbox id; another owner's is NOT_FOUND, as
+	// one never made.
+	Lookup(id, owner string) (Sandbox, error)
 	// Release removes key's sandbox, if any.
 	Release(key string)
 	// ReleaseSoon starts the removal of key's sandbox and reports
@@ -69,12 +74,12 @@ func (m managerSandboxes) Sandbox(key, owner string) (Sandbox, error) {
 	return sb, nil
 }
 
-func (m managerSandboxes) Lookup(id, owner string) (Sandbox, bool) {
-	sb, ok := m.Manager.Lookup(id, owner)
-	if !ok {
-		return nil, false
+func (m managerSandboxes) Lookup(id, owner string) (Sandbox, error) {
+	sb, err := m.Manager.Find(id, owner)
+	if err != nil {
+		return nil, err
 	}
-	return sb, true
+	return sb, nil
 }
 
 // Sessionless is the rule for a call without `sandbox` on MCP 2026-07-28,
@@ -218,16 +223,9 @@ func (s *Sessions) sandbox(c *call, named string) (Sandbox, error) {
 	}
 	if named != "" {
 		// A call naming a sandbox does not make one for its session.
-		sb, ok := s.m.Lookup(named, owner)
-		if !ok {
-			omit := "omit \"sandbox\" to use this session's own sandbox"
-			switch rule {
-			case SessionlessNone:
-				omit = "create one with sandbox_create and pass the handle it returns"
-			case SessionlessPerCaller:
-				omit = "omit \"sandbox\" to use your default sandbox"
-			}
-			return nil, errcode.Errorf(errcode.NotFound, "no sandbox %q belongs to you; %s", named, omit)
+		sb, err := s.m.Lookup(named, owner)
+		if err != nil {
+			return nil, err
 		}
 		c.sandbox = sb.ID()
 		return sb, nil

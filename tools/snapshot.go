@@ -12,7 +12,6 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
-	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
 // NameSnapshot is the name of the tool that snapshots a workspace.
@@ -22,7 +21,7 @@ const NameSnapshot = "sandbox_snapshot"
 type SnapshotIn struct {
 	Label   string `json:"label,omitempty" jsonschema:"A note to remember the snapshot by; sandbox_restore takes it in place of the id."`
 	List    bool   `json:"list,omitempty" jsonschema:"true: make none; list your snapshots, newest first."`
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox id to snapshot. Default: this session's sandbox."`
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to snapshot. Default: this session's own."`
 }
 
 // SnapshotOut is sandbox_snapshot's output.
@@ -133,38 +132,8 @@ func (d *Deps) listSnapshotsTool(c *call) (*mcp.CallToolResult, SnapshotOut, err
 	return textResult(b.String()), out, nil
 }
 
-// latestSnapshot is what sandbox_restore takes for the caller's newest
-// snapshot.
-const latestSnapshot = "latest"
-
 // resolveSnapshot turns what sandbox_restore was given (an id, latest, or
 // a label) into one of the caller's snapshot ids.
 func (d *Deps) resolveSnapshot(c *call, name string) (string, error) {
-	if snapshot.ValidID(name) {
-		return name, nil
-	}
-	mine, err := d.Sessions.snapshotsOf(d.Sessions.Owner(c.req)).List()
-	if err != nil {
-		return "", err
-	}
-	if name == latestSnapshot {
-		if len(mine) == 0 {
-			return "", errcode.Errorf(errcode.NotFound, "you have no snapshots to restore; sandbox_snapshot makes one")
-		}
-		return mine[len(mine)-1].ID, nil // oldest first
-	}
-	var ids []string
-	for i := len(mine) - 1; i >= 0; i-- {
-		if mine[i].Label == name {
-			ids = append(ids, fmt.Sprintf("%s (%s)", mine[i].ID, mine[i].CreatedAt.UTC().Format(time.RFC3339)))
-		}
-	}
-	switch len(ids) {
-	case 0:
-		return "", errcode.Errorf(errcode.NotFound, "no snapshot of yours has the id or label %q; %s", name, listYours)
-	case 1:
-		id, _, _ := strings.Cut(ids[0], " ")
-		return id, nil
-	}
-	return "", errcode.Errorf(errcode.InvalidArgument, "%d snapshots of yours have the label %q: %s (newest first); pass the id of the one to restore", len(ids), name, strings.Join(ids, ", "))
+	return d.Sessions.snapshotsOf(d.Sessions.Owner(c.req)).Resolve(name)
 }

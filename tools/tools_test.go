@@ -116,6 +116,18 @@ func TestToolsAsData(t *testing.T) {
 			if a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint || !a.IdempotentHint {
 				t.Errorf("%s: want destructive and idempotent, got %+v", tool.Name, a)
 			}
+		case NameCreate:
+			if a.ReadOnlyHint || a.DestructiveHint == nil || *a.DestructiveHint || a.IdempotentHint {
+				t.Errorf("%s: want neither read-only, destructive nor idempotent, got %+v", tool.Name, a)
+			}
+		case NameStatus:
+			if !a.ReadOnlyHint || !a.IdempotentHint {
+				t.Errorf("%s: want read-only and idempotent, got %+v", tool.Name, a)
+			}
+		case NameEnd:
+			if a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint {
+				t.Errorf("%s: want destructive, got %+v", tool.Name, a)
+			}
 		}
 		// Every tool that works in a sandbox takes the optional sandbox
 		// handle and reports it; deleting a snapshot works on the caller's
@@ -128,6 +140,19 @@ func TestToolsAsData(t *testing.T) {
 		}
 		json.Unmarshal(in, &inS)
 		json.Unmarshal(out, &outS)
+		switch tool.Name {
+		case NameCreate, NameStatus, NameEnd:
+			// The tools of handles: sandbox_end requires the one it
+			// ends, sandbox_create reports the one it made.
+			_, takes := inS.Properties["sandbox"]
+			if takes != (tool.Name == NameEnd) || slices.Contains(inS.Required, "sandbox") != (tool.Name == NameEnd) {
+				t.Errorf("%s: sandbox input %v, required %q", tool.Name, takes, inS.Required)
+			}
+			if slices.Contains(outS.Required, "sandbox") == (tool.Name == NameStatus) {
+				t.Errorf("%s: output requires %q", tool.Name, outS.Required)
+			}
+			continue
+		}
 		if tool.Name == NameDeleteSnapshot {
 			if _, ok := inS.Properties["sandbox"]; ok {
 				t.Errorf("%s: takes a sandbox it does not use", tool.Name)
@@ -145,7 +170,7 @@ func TestToolsAsData(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	want := []string{NameDelete, NameEditFile, NameExec, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameViewImage, NameWriteFile}
+	want := []string{NameCreate, NameDelete, NameEditFile, NameEnd, NameExec, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameStatus, NameViewImage, NameWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools = %v, want %v", names, want)
 	}

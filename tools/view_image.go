@@ -23,7 +23,7 @@ const NameViewImage = "sandbox_view_image"
 // ViewImageIn is sandbox_view_image's input.
 type ViewImageIn struct {
 	Path    string `json:"path" jsonschema:"Image file to look at (PNG, JPEG, GIF or WebP), relative to /workspace."`
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox id to read from. Default: this session's sandbox."`
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to read from. Default: this session's own."`
 }
 
 // noOutput is the output of a tool without structured content: the wrapper

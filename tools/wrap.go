@@ -69,6 +69,9 @@ type call struct {
 	// held is the part of the memory budget the call holds (see
 	// Deps.reserve); the wrapper gives it back once the result is sent.
 	held *reservation
+	// notice is what the result must tell first about the sandbox
+	// (Sandbox.TakeNotice).
+	notice string
 	// waited is how long the call waited for sandboxes to be prepared
 	// (see Deps.prepared), out of its budget; progressed is the progress
 	// value its last notification carried, which the next must exceed.
@@ -157,7 +160,11 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 				return nil, none, err
 			}
 		}
-		return run(ctx, c, sb, req)
+		res, out, err := run(ctx, c, sb, req)
+		if err == nil && sb != nil {
+			c.notice = sb.TakeNotice()
+		}
+		return res, out, err
 	}
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, any, error) {
 		start := time.Now()
@@ -225,6 +232,7 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 			res = &mcp.CallToolResult{}
 		}
 		if _, none := any(out).(noOutput); none {
+			noticeFirst(res, c.notice)
 			return res, nil, nil // a tool without an output schema
 		}
 		if !d.textOnly(req) {
@@ -241,6 +249,7 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 			}
 			res.Content = []mcp.Content{&mcp.TextContent{Text: string(b)}}
 		}
+		noticeFirst(res, c.notice)
 		return res, nil, nil
 	}
 }
@@ -324,6 +333,22 @@ func codeErrors(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		return res, err
 	}
+}
+
+// noticeFirst puts what the model must know about the sandbox before the
+// result's text.
+func noticeFirst(res *mcp.CallToolResult, notice string) {
+	if notice == "" {
+		return
+	}
+	notice = "NOTE: " + notice
+	if len(res.Content) > 0 {
+		if tc, ok := res.Content[0].(*mcp.TextContent); ok {
+			tc.Text = notice + "\n\n" + tc.Text
+			return
+		}
+	}
+	res.Content = append([]mcp.Content{&mcp.TextContent{Text: notice}}, res.Content...)
 }
 
 func textResult(s string) *mcp.CallToolResult {

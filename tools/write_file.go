@@ -25,7 +25,7 @@ type WriteIn struct {
 	Encoding string `json:"encoding,omitempty" jsonschema:"How content is encoded: utf-8 or base64."`
 	Append   bool   `json:"append,omitempty" jsonschema:"Append to the file instead of replacing it."`
 	Mode     string `json:"mode,omitempty" jsonschema:"Permission bits for the file, as an octal string."`
-	Sandbox  string `json:"sandbox,omitempty" jsonschema:"Sandbox id to write in. Default: this session's sandbox."`
+	Sandbox  string `json:"sandbox,omitempty" jsonschema:"Sandbox handle to write in. Default: this session's own."`
 }
 
 // WriteOut is sandbox_write_file's output.

@@ -56,6 +56,9 @@ type Config struct {
 	StateDir string
 	// IdleTimeout removes a sandbox unused this long.
 	IdleTimeout time.Duration
+	// MaxSandboxLifetime ends a sandbox made by sandbox_create this long
+	// after it was made, its workspace saved first (0: never).
+	MaxSandboxLifetime time.Duration
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
 	// SeccompProfileFile names a seccomp profile (JSON) for sandboxes in
@@ -126,7 +129,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
-	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sessions)")
+	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sandboxes)")
 	fs.StringVar(&cfg.WorkspaceFrom, "workspace-from", cfg.WorkspaceFrom, "host `dir`ectory each new workspace starts with a copy of (read once at start, capped at --max-workspace-bytes, symlinks not followed, a file hard-linked from outside it refused)")
 	fs.IntVar(&cfg.Retention.MaxCount, "snapshot-max-count", cfg.Retention.MaxCount, "snapshots kept in --state-dir in all; past it, the oldest of the caller holding the most go first (0: no limit)")
 	fs.Var(&bytesValue{&cfg.Retention.MaxBytes}, "snapshot-max-bytes", "total `bytes` of snapshots kept in all, those being written included; past it, the oldest of the caller holding the most go first (0: no limit)")
@@ -140,6 +143,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
+	fs.DurationVar(&cfg.MaxSandboxLifetime, "max-sandbox-lifetime", cfg.MaxSandboxLifetime, "end a sandbox made by sandbox_create this long after it was made, its workspace saved as a snapshot first (0: never)")
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
 	fs.StringVar(&cfg.SeccompProfileFile, "seccomp-profile", cfg.SeccompProfileFile, "seccomp profile `file` (JSON) for sandboxes in place of the engine's default, e.g. examples/seccomp-no-io_uring.json")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
@@ -161,7 +165,7 @@ func defaultConfig(getenv func(string) string) Config {
 		NetworkPool: docker.DefaultNetworkPool,
 		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
-		HTTP:        HTTPConfig{MaxSessions: DefaultMaxSessions, DefaultSandbox: DefaultSandboxNone},
+		HTTP:        HTTPConfig{MaxSandboxes: DefaultMaxSandboxes, DefaultSandbox: DefaultSandboxNone},
 		Kube:        KubeConfig{Backend: BackendDocker},
 	}
 }
@@ -347,8 +351,8 @@ func (c Config) Validate() error {
 	if c.Warm < 0 {
 		errs = append(errs, errors.New("--warm must not be negative"))
 	}
-	if c.HTTP.MaxSessions > 0 && c.Warm > c.HTTP.MaxSessions {
-		errs = append(errs, fmt.Errorf("--warm %d is above --max-sessions %d; warm containers count against it", c.Warm, c.HTTP.MaxSessions))
+	if c.HTTP.MaxSandboxes > 0 && c.Warm > c.HTTP.MaxSandboxes {
+		errs = append(errs, fmt.Errorf("--warm %d is above --max-sandboxes %d; warm containers count against it", c.Warm, c.HTTP.MaxSandboxes))
 	}
 	if c.WorkspaceFrom != "" {
 		if st, err := os.Stat(c.WorkspaceFrom); err != nil || !st.IsDir() {
@@ -357,6 +361,9 @@ func (c Config) Validate() error {
 	}
 	if r := c.Retention; r.MaxCount < 0 || r.MaxBytes < 0 || r.MaxAge < 0 || r.PerCallerCount < 0 || r.PerCallerBytes < 0 {
 		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes, --snapshot-max-age and their -per-caller forms must not be negative"))
+	}
+	if c.MaxSandboxLifetime < 0 {
+		errs = append(errs, errors.New("--max-sandbox-lifetime must not be negative (0: never)"))
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))

@@ -107,8 +107,8 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+addr.String()+httpguard.Path,
 		"callers", g.Callers(), "allow_origin", strings.Join(cfg.HTTP.AllowOrigins, ","),
-		"http_allow_host", strings.Join(cfg.HTTP.AllowHosts, ","), "max_sessions", cfg.HTTP.MaxSessions,
-		"max_sessions_per_caller", cfg.HTTP.SessionsPerCaller(), "max_calls_per_caller", cfg.HTTP.CallsPerCaller(),
+		"http_allow_host", strings.Join(cfg.HTTP.AllowHosts, ","), "max_sessions", cfg.HTTP.MaxSandboxes,
+		"max_sessions_per_caller", cfg.HTTP.SandboxesPerCaller(), "max_calls_per_caller", cfg.HTTP.CallsPerCaller(),
 		"max_request_bytes", g.MaxBody(), "idle_timeout", cfg.IdleTimeout, "default_sandbox", cfg.HTTP.DefaultSandbox)
 
 	select {
@@ -156,8 +156,8 @@ func guardOptions(cfg Config, addr *net.TCPAddr, log *slog.Logger) httpguard.Opt
 		Tokens:            cfg.HTTP.Tokens,
 		AllowOrigins:      cfg.HTTP.AllowOrigins,
 		AllowHosts:        cfg.HTTP.AllowHosts,
-		MaxSessions:       cfg.HTTP.MaxSessions,
-		SessionsPerCaller: cfg.HTTP.SessionsPerCaller(),
+		MaxSessions:       cfg.HTTP.MaxSandboxes,
+		SessionsPerCaller: cfg.HTTP.SandboxesPerCaller(),
 		CallsPerCaller:    cfg.HTTP.CallsPerCaller(),
 		MaxRequestBytes:   httpguard.MaxRequestBody(cfg.Policy.MaxFileBytes),
 		IdleTimeout:       cfg.IdleTimeout,

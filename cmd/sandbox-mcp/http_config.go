@@ -12,8 +12,8 @@ import (
 
 // Defaults and limits of the HTTP transport's configuration.
 const (
-	// DefaultMaxSessions is --max-sessions' default.
-	DefaultMaxSessions = 32
+	// DefaultMaxSandboxes is --max-sandboxes' default.
+	DefaultMaxSandboxes = 32
 	// MinTokenLength is the shortest bearer token accepted: a token is
 	// the only thing between the network and a shell.
 	MinTokenLength = 16
@@ -36,11 +36,15 @@ type HTTPConfig struct {
 	// AllowHosts are the Host names served besides loopback names and the
 	// listen address (ports are not compared).
 	AllowHosts []string
-	// MaxSessions caps the MCP sessions, and so the sandboxes, alive at once.
-	MaxSessions int
-	// MaxSessionsPerCaller caps the sessions one caller (one token) holds
-	// at once. 0 means the default, see SessionsPerCaller.
-	MaxSessionsPerCaller int
+	// MaxSandboxes caps the sandboxes alive at once (--max-sandboxes): a
+	// session's own and those made by sandbox_create alike, counted by
+	// package session when one is made. Over --http it caps the MCP
+	// sessions too.
+	MaxSandboxes int
+	// MaxSandboxesPerCaller caps the sandboxes one caller (one token)
+	// holds at once, and over --http its sessions. 0 means the default,
+	// see SandboxesPerCaller.
+	MaxSandboxesPerCaller int
 	// MaxCallsPerCaller caps the tool calls and resource reads one caller
 	// has in flight at once. 0 means the default, see CallsPerCaller.
 	MaxCallsPerCaller int
@@ -66,18 +70,18 @@ func (h HTTPConfig) Sessionless() tools.Sessionless {
 	return tools.SessionlessNone
 }
 
-// SessionsPerCaller returns the effective --max-sessions-per-caller: as
-// set, or by default a quarter of --max-sessions (at least 1) when --token
+// SandboxesPerCaller returns the effective --max-sandboxes-per-caller: as
+// set, or by default a quarter of --max-sandboxes (at least 1) when --token
 // names several callers, so that no one of them can take every place; with
-// one caller or none, all of --max-sessions.
-func (h HTTPConfig) SessionsPerCaller() int {
+// one caller or none, all of --max-sandboxes.
+func (h HTTPConfig) SandboxesPerCaller() int {
 	switch {
-	case h.MaxSessionsPerCaller > 0:
-		return h.MaxSessionsPerCaller
+	case h.MaxSandboxesPerCaller > 0:
+		return h.MaxSandboxesPerCaller
 	case h.callers() < 2:
-		return h.MaxSessions
+		return h.MaxSandboxes
 	default:
-		return max(1, h.MaxSessions/4)
+		return max(1, h.MaxSandboxes/4)
 	}
 }
 
@@ -96,7 +100,7 @@ func (h HTTPConfig) CallsPerCaller() int {
 	if h.MaxCallsPerCaller > 0 {
 		return h.MaxCallsPerCaller
 	}
-	return callsPerSession * h.SessionsPerCaller()
+	return callsPerSession * h.SandboxesPerCaller()
 }
 
 // addTransportFlags adds the flags of the HTTP transport and the audit log.
@@ -107,9 +111,11 @@ func (f *flagSet) addTransportFlags(cfg *Config) {
 	fs.Var(&secretList{listValue{v: &h.Tokens, f: f}}, "token", "bearer `token`s for --http (comma list, repeatable; each a separate caller; at least 16 characters); required unless --http is a loopback address")
 	fs.Var(&listValue{v: &h.AllowOrigins, f: f}, "allow-origin", "comma `list` (repeatable) of web origins (scheme://host[:port]) allowed to call --http besides its own; a request with any other Origin gets 403")
 	fs.Var(&listValue{v: &h.AllowHosts, f: f}, "http-allow-host", "comma `list` (repeatable) of host names --http answers to besides localhost and its listen address, e.g. the name of the reverse proxy in front of it; any other Host gets 403")
-	fs.IntVar(&h.MaxSessions, "max-sessions", h.MaxSessions, "MCP sessions (each with its sandbox) served at once over --http; a new session beyond it gets 503")
-	fs.IntVar(&h.MaxSessionsPerCaller, "max-sessions-per-caller", h.MaxSessionsPerCaller, "MCP sessions one caller (one --token) holds at once; a new session beyond it gets 429 (0: a quarter of --max-sessions, at least 1, when --token names several callers; all of --max-sessions otherwise)")
-	fs.IntVar(&h.MaxCallsPerCaller, "max-calls-per-caller", h.MaxCallsPerCaller, "tool calls and resource reads one caller (one --token) has in flight at once over --http; more get BUSY (0: twice --max-sessions-per-caller)")
+	fs.IntVar(&h.MaxSandboxes, "max-sandboxes", h.MaxSandboxes, "sandboxes alive at once, sessions' own and sandbox_create's alike (one more gets BUSY); over --http also the MCP sessions served at once (one more gets 503)")
+	fs.IntVar(&h.MaxSandboxes, "max-sessions", h.MaxSandboxes, "the old name of --max-sandboxes")
+	fs.IntVar(&h.MaxSandboxesPerCaller, "max-sandboxes-per-caller", h.MaxSandboxesPerCaller, "sandboxes one caller (one --token) holds at once (one more gets BUSY), and over --http its MCP sessions (one more gets 429) (0: a quarter of --max-sandboxes, at least 1, when --token names several callers; all of --max-sandboxes otherwise)")
+	fs.IntVar(&h.MaxSandboxesPerCaller, "max-sessions-per-caller", h.MaxSandboxesPerCaller, "the old name of --max-sandboxes-per-caller")
+	fs.IntVar(&h.MaxCallsPerCaller, "max-calls-per-caller", h.MaxCallsPerCaller, "tool calls and resource reads one caller (one --token) has in flight at once over --http; more get BUSY (0: twice --max-sandboxes-per-caller)")
 	fs.Var(&choice{v: &h.DefaultSandbox, allowed: []string{DefaultSandboxNone, DefaultSandboxPerCaller}}, "default-sandbox",
 		"`mode` for a call without `sandbox` from an MCP 2026-07-28 client over --http, which has no session and so no session's sandbox: "+
 			"none (refused: it is told to make one with sandbox_create and name it) or per-caller (each caller, one --token, gets one default sandbox, kept until the server exits; its container goes when idle, snapshotted, and comes back at the next call)")
@@ -125,14 +131,14 @@ func (s secretList) String() string { return "" }
 // message quotes a token.
 func (h HTTPConfig) Validate() error {
 	var errs []error
-	if h.MaxSessions < 1 {
-		errs = append(errs, fmt.Errorf("--max-sessions must be at least 1 (got %d)", h.MaxSessions))
+	if h.MaxSandboxes < 1 {
+		errs = append(errs, fmt.Errorf("--max-sandboxes must be at least 1 (got %d)", h.MaxSandboxes))
 	}
-	if h.MaxSessionsPerCaller < 0 {
-		errs = append(errs, fmt.Errorf("--max-sessions-per-caller must not be negative (got %d; 0 picks the default)", h.MaxSessionsPerCaller))
-	} else if h.MaxSessionsPerCaller > h.MaxSessions && h.MaxSessions >= 1 {
-		errs = append(errs, fmt.Errorf("--max-sessions-per-caller %d is above --max-sessions %d, which caps every caller together; lower it, or raise --max-sessions",
-			h.MaxSessionsPerCaller, h.MaxSessions))
+	if h.MaxSandboxesPerCaller < 0 {
+		errs = append(errs, fmt.Errorf("--max-sandboxes-per-caller must not be negative (got %d; 0 picks the default)", h.MaxSandboxesPerCaller))
+	} else if h.MaxSandboxesPerCaller > h.MaxSandboxes && h.MaxSandboxes >= 1 {
+		errs = append(errs, fmt.Errorf("--max-sandboxes-per-caller %d is above --max-sandboxes %d, which caps every caller together; lower it, or raise --max-sandboxes",
+			h.MaxSandboxesPerCaller, h.MaxSandboxes))
 	}
 	if h.MaxCallsPerCaller < 0 {
 		errs = append(errs, fmt.Errorf("--max-calls-per-caller must not be negative (got %d; 0 picks the default)", h.MaxCallsPerCaller))

@@ -18,7 +18,7 @@ func TestParseConfigHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.HTTP.Addr != "" || cfg.HTTP.MaxSessions != DefaultMaxSessions || len(cfg.HTTP.Tokens) != 0 || cfg.AuditLog != "" {
+	if cfg.HTTP.Addr != "" || cfg.HTTP.MaxSandboxes != DefaultMaxSandboxes || len(cfg.HTTP.Tokens) != 0 || cfg.AuditLog != "" {
 		t.Fatalf("defaults: %+v %q", cfg.HTTP, cfg.AuditLog)
 	}
 
@@ -29,7 +29,7 @@ func TestParseConfigHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := cfg.HTTP
-	if h.Addr != "127.0.0.1:8080" || h.MaxSessions != 4 || cfg.AuditLog != "/var/log/sbx.jsonl" ||
+	if h.Addr != "127.0.0.1:8080" || h.MaxSandboxes != 4 || cfg.AuditLog != "/var/log/sbx.jsonl" ||
 		!slices.Equal(h.Tokens, []string{"env-token-0123456789", "env-token-abcdefghij"}) ||
 		!slices.Equal(h.AllowOrigins, []string{"https://a.example", "https://b.example:8443"}) ||
 		!slices.Equal(h.AllowHosts, []string{"mcp.example.com"}) {
@@ -57,7 +57,7 @@ func TestParseConfigHTTPErrors(t *testing.T) {
 		{[]string{"--allow-origin", "https://tools.example.com/app"}, "scheme://host"},
 		{[]string{"--allow-origin", "ftp://tools.example.com"}, "scheme://host"},
 		{[]string{"--http-allow-host", "https://mcp.example.com"}, "host name"},
-		{[]string{"--max-sessions", "0"}, "--max-sessions must be at least 1"},
+		{[]string{"--max-sessions", "0"}, "--max-sandboxes must be at least 1"},
 		{[]string{"--http", "8080"}, "want host:port"},
 	} {
 		_, err := ParseConfig(tc.args, envFrom(map[string]string{"HOME": t.TempDir()}))
@@ -152,7 +152,7 @@ func TestPerCallerQuotas(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v %v: %v", tc.env, tc.args, err)
 		}
-		if s, c := cfg.HTTP.SessionsPerCaller(), cfg.HTTP.CallsPerCaller(); s != tc.sessions || c != tc.calls {
+		if s, c := cfg.HTTP.SandboxesPerCaller(), cfg.HTTP.CallsPerCaller(); s != tc.sessions || c != tc.calls {
 			t.Errorf("%v %v: %d sessions and %d calls per caller, want %d and %d", tc.env, tc.args, s, c, tc.sessions, tc.calls)
 		}
 	}
@@ -162,16 +162,16 @@ func TestPerCallerQuotas(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg, err := ParseConfig([]string{"--config", file}, envFrom(map[string]string{"HOME": t.TempDir()}))
-	if err != nil || cfg.HTTP.SessionsPerCaller() != 3 || cfg.HTTP.CallsPerCaller() != 9 {
-		t.Fatalf("from the config file: %d %d %v", cfg.HTTP.SessionsPerCaller(), cfg.HTTP.CallsPerCaller(), err)
+	if err != nil || cfg.HTTP.SandboxesPerCaller() != 3 || cfg.HTTP.CallsPerCaller() != 9 {
+		t.Fatalf("from the config file: %d %d %v", cfg.HTTP.SandboxesPerCaller(), cfg.HTTP.CallsPerCaller(), err)
 	}
 
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--max-sessions-per-caller", "-1"}, "--max-sessions-per-caller must not be negative"},
-		{[]string{"--max-sessions", "4", "--max-sessions-per-caller", "5"}, "--max-sessions-per-caller 5 is above --max-sessions 4"},
+		{[]string{"--max-sessions-per-caller", "-1"}, "--max-sandboxes-per-caller must not be negative"},
+		{[]string{"--max-sessions", "4", "--max-sessions-per-caller", "5"}, "--max-sandboxes-per-caller 5 is above --max-sandboxes 4"},
 		{[]string{"--max-calls-per-caller", "-2"}, "--max-calls-per-caller must not be negative"},
 	} {
 		if _, err := ParseConfig(tc.args, envFrom(map[string]string{"HOME": t.TempDir()})); err == nil || !strings.Contains(err.Error(), tc.want) {

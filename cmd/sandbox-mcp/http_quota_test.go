@@ -206,7 +206,7 @@ func TestHTTPSessionsPerCaller(t *testing.T) {
 		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || r.header.Get("Mcp-Session-Id") != "" {
 			t.Fatalf("caller A past its cap: %d Retry-After=%q id=%q %s", r.status, r.header.Get("Retry-After"), r.header.Get("Mcp-Session-Id"), r.body)
 		}
-		if !strings.Contains(r.body, "BUSY") || !strings.Contains(r.body, "--max-sessions-per-caller") || !strings.Contains(r.body, "DELETE") {
+		if !strings.Contains(r.body, "BUSY") || !strings.Contains(r.body, "--max-sandboxes-per-caller") || !strings.Contains(r.body, "DELETE") {
 			t.Fatalf("the 429 does not say which limit or what to do: %s", r.body)
 		}
 	}

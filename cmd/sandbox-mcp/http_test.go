@@ -761,7 +761,7 @@ func TestHTTPMaxSessions(t *testing.T) {
 	var body struct {
 		Error struct{ Message string } `json:"error"`
 	}
-	if err := json.Unmarshal([]byte(r.body), &body); err != nil || !strings.Contains(body.Error.Message, "--max-sessions") || !strings.Contains(body.Error.Message, "DELETE") {
+	if err := json.Unmarshal([]byte(r.body), &body); err != nil || !strings.Contains(body.Error.Message, "--max-sandboxes") || !strings.Contains(body.Error.Message, "DELETE") {
 		t.Fatalf("the 503 body does not say what to do: %v %s", err, r.body)
 	}
 	start := time.Now()

@@ -216,11 +216,13 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		StateDir:    cfg.StateDir,
 		IdleTimeout: cfg.IdleTimeout,
 		DenyAddrs:   deny,
-		// One sandbox per session: the session cap is the sandbox cap.
-		MaxSandboxes: cfg.HTTP.MaxSessions,
-		Warm:         cfg.Warm,
-		Retention:    cfg.SnapshotRetention(),
-		Logger:       log,
+		// Counted where sandboxes are made, whatever made them.
+		MaxSandboxes:          cfg.HTTP.MaxSandboxes,
+		MaxSandboxesPerCaller: cfg.HTTP.SandboxesPerCaller(),
+		MaxLifetime:           cfg.MaxSandboxLifetime,
+		Warm:                  cfg.Warm,
+		Retention:             cfg.SnapshotRetention(),
+		Logger:                log,
 	}
 	var err error
 	if opts.Seed, err = loadSeed(cfg, be); err != nil {
@@ -270,8 +272,8 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 	}
 	view.ImplicitSandbox = sessions.Sessionless.String()
 	if cfg.HTTP.Addr != "" {
-		view.MaxSessions = cfg.HTTP.MaxSessions
-		view.MaxSessionsPerCaller = cfg.HTTP.SessionsPerCaller()
+		view.MaxSessions = cfg.HTTP.MaxSandboxes
+		view.MaxSessionsPerCaller = cfg.HTTP.SandboxesPerCaller()
 		view.MaxCallsPerCaller = cfg.HTTP.CallsPerCaller()
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-mcp", Title: "sandbox-mcp", Version: buildVersion()}, &mcp.ServerOptions{

@@ -18,13 +18,13 @@ var flagGroups = []struct {
 		"config", "exec", "allow-cmd", "read-only", "image", "agent-bin", "agent-mount", "env", "workspace-from",
 		"exec-timeout", "max-exec-timeout", "max-call-wait", "max-file-bytes", "max-output-bytes", "max-image-pixels",
 		"max-job-output-bytes", "max-workspace-bytes", "memory", "cpus", "pids", "max-jobs",
-		"idle-timeout", "warm", "runtime", "seccomp-profile",
+		"idle-timeout", "max-sandbox-lifetime", "warm", "runtime", "seccomp-profile",
 	}},
 	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool"}},
 	{"Secrets", []string{"secret"}},
 	{"HTTP serving", []string{"http", "token", "http-allow-host", "allow-origin", "default-sandbox"}},
 	{"Limits for many callers", []string{
-		"max-sessions", "max-sessions-per-caller", "max-calls-per-caller",
+		"max-sandboxes", "max-sandboxes-per-caller", "max-calls-per-caller",
 		"max-inflight-bytes", "max-session-inflight-bytes",
 	}},
 	{"Snapshots", []string{
@@ -42,7 +42,9 @@ var flagGroups = []struct {
 // and the config file) but not listed: each maps to the name that replaced
 // it.
 var deprecatedFlags = map[string]string{
-	"max-execs": "max-jobs",
+	"max-execs":               "max-jobs",
+	"max-sessions":            "max-sandboxes",
+	"max-sessions-per-caller": "max-sandboxes-per-caller",
 }
 
 // usage prints the server's help: the commands, then every flag by group.

@@ -7,7 +7,7 @@
 // (404, the body unread), for a POST the admission of its body into the
 // server's in-flight memory budget before it is read (413, 429, 503; see
 // body.go), then, for a request that may open a session, the session caps
-// (503 for --max-sessions, 429 for --max-sessions-per-caller), and for a
+// (503 for --max-sandboxes, 429 for --max-sandboxes-per-caller, which cap sessions too), and for a
 // DELETE, the removal of the session's sandbox, before the go-sdk's handler
 // sees it. Inside the SDK, a caller's
 // tool calls and resource reads in flight are capped

@@ -17,7 +17,11 @@ import (
 )
 
 // sessionQuota admits requests that may open an MCP session, under
-// --max-sessions and --max-sessions-per-caller.
+// --max-sandboxes and --max-sandboxes-per-caller. Package session counts
+// the sandboxes themselves, where they are made; this caps the sessions,
+// which hold server memory (the SDK's state, an event stream) whether or
+// not they made a sandbox: each can make at most one of its own, so the
+// same numbers bound them.
 //
 // It counts sessions where the SDK makes them, not by reading request
 // bodies. The SDK makes a session only from a POST without an
@@ -32,8 +36,8 @@ import (
 // admission would still count.
 type sessionQuota struct {
 	server    *mcp.Server
-	max       int // --max-sessions
-	perCaller int // --max-sessions-per-caller
+	max       int // --max-sandboxes
+	perCaller int // --max-sandboxes-per-caller
 
 	mu   sync.Mutex
 	held map[*admission]bool // in force; pruned at each admission
@@ -85,10 +89,10 @@ func (q *sessionQuota) admit(r *http.Request, caller string) (_ *http.Request, d
 	switch {
 	case max(len(q.held), len(live)) >= q.max:
 		return nil, nil, &quotaRefusal{http.StatusServiceUnavailable, fmt.Sprintf(
-			"this server already serves %d sessions, its limit (--max-sessions)", q.max)}
+			"this server already serves %d sessions, its limit (--max-sandboxes, which caps sessions too)", q.max)}
 	case mine >= q.perCaller:
 		return nil, nil, &quotaRefusal{http.StatusTooManyRequests, fmt.Sprintf(
-			"you already have %d sessions open, the most one caller may hold (--max-sessions-per-caller)", q.perCaller)}
+			"you already have %d sessions open, the most one caller may hold (--max-sandboxes-per-caller, which caps sessions too)", q.perCaller)}
 	}
 	a := &admission{caller: caller}
 	q.held[a] = true
