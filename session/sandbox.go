@@ -18,10 +18,11 @@ import (
 )
 
 // Sandbox is one MCP session's sandbox, or one made by Create (a handle,
-// see handles.go): a record that outlives any one container. Its container starts at the first call that needs it; if the
-// container is lost (the agent died, it was removed from outside, or it sat
-// idle too long) the next call says so and the call after that gets a fresh
-// container.
+// see handles.go): a record that outlives any one container. Its container
+// starts at the first call that needs it; if the container is lost (the
+// agent died, it was removed from outside, or it sat idle too long) the
+// next call says so and the call after that gets a fresh container (a
+// handle's next call gets it at once, with a notice).
 type Sandbox struct {
 	m     *Manager
 	id    string
