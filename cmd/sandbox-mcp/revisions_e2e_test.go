@@ -4,6 +4,7 @@ package main
 // go-sdk client at its own preference (2026-07-28), over stdio and HTTP.
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,66 @@ func TestHTTPSessionlessDefaultSandbox(t *testing.T) {
 	}
 	if r := a1.ok("sandbox_read_file", map[string]any{"path": "mine.txt"}); r["content"] != "alpha" || r["sandbox"] != id {
 		t.Fatalf("the default sandbox did not last: %v", r)
+	}
+}
+
+// TestHTTPSessionlessHandles: a 2026-07-28 client over HTTP works with
+// handles alone: sandbox_create gives one, every later request (each on a
+// session of its own that ends with it) names it and finds its files, two
+// handles of one caller are apart, sandbox_status lists both, another
+// caller's calls find neither, and sandbox_end ends one for good.
+func TestHTTPSessionlessHandles(t *testing.T) {
+	s := startHTTP(t, httpOpts{env: []string{"SANDBOX_MCP_TOKEN=" + tokenA + "," + tokenB}})
+	a, b := s.connectAt(tokenA, ""), s.connectAt(tokenB, "")
+	h1 := a.ok("sandbox_create", map[string]any{"label": "one"})["sandbox"].(string)
+	h2 := a.ok("sandbox_create", map[string]any{"label": "two"})["sandbox"].(string)
+	if h1 == h2 || len(h1) < len("sb-")+32 {
+		t.Fatalf("handles %q and %q: want two distinct handles of 128 bits", h1, h2)
+	}
+	a.ok("sandbox_write_file", map[string]any{"path": "f.txt", "content": "in one", "sandbox": h1})
+	if x := a.ok("sandbox_exec", map[string]any{"argv": []string{"cat", "f.txt"}, "sandbox": h1}); x["stdout"] != "in one" || x["sandbox"] != h1 {
+		t.Fatalf("a later request naming the handle: %v", x)
+	}
+	a.fails("sandbox_read_file", map[string]any{"path": "f.txt", "sandbox": h2}, "NOT_FOUND")
+	status := func(c *server) string {
+		res := c.call("sandbox_status", map[string]any{})
+		if res.IsError {
+			t.Fatalf("sandbox_status failed: %v", res.Content)
+		}
+		return fmt.Sprint(res.StructuredContent)
+	}
+	if st := status(a); !strings.Contains(st, h1) || !strings.Contains(st, h2) {
+		t.Fatalf("sandbox_status does not list both handles: %s", st)
+	}
+	if st := status(b); strings.Contains(st, h1) || strings.Contains(st, h2) {
+		t.Fatalf("another caller's sandbox_status lists this caller's handles: %s", st)
+	}
+	b.fails("sandbox_read_file", map[string]any{"path": "f.txt", "sandbox": h1}, "NOT_FOUND")
+	a.ok("sandbox_end", map[string]any{"sandbox": h2})
+	a.fails("sandbox_exec", map[string]any{"argv": []string{"true"}, "sandbox": h2}, "NOT_FOUND")
+	if r := a.ok("sandbox_read_file", map[string]any{"path": "f.txt", "sandbox": h1}); r["content"] != "in one" {
+		t.Fatalf("the other handle after an end: %v", r)
+	}
+}
+
+// TestStdioSessionlessHandles: over stdio a 2026-07-28 client keeps the
+// connection's sandbox for calls without `sandbox` and can make others by
+// handle beside it.
+func TestStdioSessionlessHandles(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	if v := s.cs.InitializeResult().ProtocolVersion; v != sessionless {
+		t.Fatalf("negotiated %q, want %s", v, sessionless)
+	}
+	own := s.ok("sandbox_write_file", map[string]any{"path": "f.txt", "content": "own"})["sandbox"].(string)
+	h := s.ok("sandbox_create", map[string]any{})["sandbox"].(string)
+	if h == own {
+		t.Fatal("sandbox_create returned the connection's own sandbox")
+	}
+	s.ok("sandbox_write_file", map[string]any{"path": "f.txt", "content": "handle", "sandbox": h})
+	if r := s.ok("sandbox_read_file", map[string]any{"path": "f.txt"}); r["content"] != "own" || r["sandbox"] != own {
+		t.Fatalf("the connection's sandbox after a write by handle: %v", r)
+	}
+	if r := s.ok("sandbox_read_file", map[string]any{"path": "f.txt", "sandbox": h}); r["content"] != "handle" {
+		t.Fatalf("the handle's file: %v", r)
 	}
 }
