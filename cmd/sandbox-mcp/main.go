@@ -226,6 +226,13 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		release()
 		return nil, nil, err
 	}
+	if opts.Templates, err = loadTemplates(cfg, opts.Seed); err != nil {
+		if opts.Seed != nil {
+			opts.Seed.Close()
+		}
+		release()
+		return nil, nil, err
+	}
 	opts.Secrets = cfg.Secrets
 	if auditLog != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { auditLog.Proxy(d) }
