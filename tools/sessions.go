@@ -171,7 +171,10 @@ func (s *Sessions) sandbox(c *call, named string) (Sandbox, error) {
 	}
 	if named != "" {
 		// A call naming a sandbox does not make one for its session.
-		sb, ok := s.m.Lookup(named, owner)
+		sb, ok := c.named, c.named != nil
+		if !c.looked {
+			sb, ok = s.m.Lookup(named, owner)
+		}
 		if !ok {
 			return nil, errcode.Errorf(errcode.NotFound,
 				"no sandbox %q belongs to you; omit \"sandbox\" to use this session's own sandbox", named)
