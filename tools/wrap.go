@@ -69,8 +69,8 @@ type call struct {
 	// looked says it was, nil named that it is not the caller's.
 	named  Sandbox
 	looked bool
-	bytes   int64
-	exit    *int
+	bytes  int64
+	exit   *int
 	// held is the part of the memory budget the call holds (see
 	// Deps.reserve); the wrapper gives it back once the result is sent.
 	held *reservation
