@@ -114,3 +114,30 @@ func TestTemplatesNetwork(t *testing.T) {
 		t.Error("no template, no network, yet networked")
 	}
 }
+
+// TestTemplatesDocExample: the example in docs/templates.md loads as the
+// page says.
+func TestTemplatesDocExample(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/templates.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(string(doc), "```json\n")
+	example, _, _ := strings.Cut(rest, "```")
+	dir := t.TempDir()
+	file := writeConfig(t, dir, example)
+	cfg, err := ParseConfig([]string{"--config", file}, envFrom(map[string]string{"HOME": dir, "GH_TOKEN": testSecretValue}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Templates) != 2 {
+		t.Fatalf("templates %+v", cfg.Templates)
+	}
+	locked, py := cfg.Templates[0], cfg.Templates[1]
+	if py.Policy.Memory != 1<<30 || len(py.Secrets) != 0 || py.Policy.Network != policy.NetworkAllowlist {
+		t.Errorf("py %+v", py)
+	}
+	if locked.Policy.Memory != 2<<30 || locked.Policy.Network != policy.NetworkNone || len(locked.Policy.AllowHosts) != 0 || !locked.Policy.ReadOnly {
+		t.Errorf("locked %+v", locked)
+	}
+}
