@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
@@ -164,4 +165,25 @@ func TestTemplateNetwork(t *testing.T) {
 			t.Error("a refused request reached the upstream")
 		}
 	})
+}
+
+// TestTemplateSecrets: a template holds only the secrets it names: a
+// template with none gets no placeholder and no CA bundle variables, while
+// a default sandbox of the same server gets both.
+func TestTemplateSecrets(t *testing.T) {
+	bare := policy.Default()
+	bare.Network, bare.AllowHosts = policy.NetworkAllowlist, []string{"api.test"}
+	m := testManager(t, func(o *Options) {
+		o.Policy.Network, o.Policy.AllowHosts = policy.NetworkAllowlist, []string{"api.test"}
+		o.Secrets = []netproxy.Secret{{Name: "TOKEN", Value: "real-secret-value-0123", Hosts: []string{"api.test"}}}
+		o.Templates = map[string]Template{"bare": {Policy: bare}}
+	})
+	script := `echo "token=[$TOKEN] ca=[$SSL_CERT_FILE]"`
+	def := string(sh(t, templateSandbox(t, m, "default", ""), script).Stdout)
+	if !strings.Contains(def, "token=[sbx-secret-TOKEN-") || strings.Contains(def, "ca=[]") {
+		t.Errorf("default sandbox: %q", def)
+	}
+	if out := string(sh(t, templateSandbox(t, m, "bare", "bare"), script).Stdout); !strings.Contains(out, "token=[] ca=[]") {
+		t.Errorf("a template holding no secret: %q", out)
+	}
 }
