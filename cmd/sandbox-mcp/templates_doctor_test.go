@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
 )
 
@@ -33,5 +35,38 @@ func TestDoctorChecksTemplateImages(t *testing.T) {
 	}
 	if strings.Contains(s, "template here") {
 		t.Errorf("a template with the default image was checked twice:\n%s", s)
+	}
+}
+
+// TestServerListsTemplates: the built server, given templates in its
+// config file, lists them in its instructions (one line each) and in
+// sandbox://policy, and still runs the default sandbox's commands.
+func TestServerListsTemplates(t *testing.T) {
+	img := testenv.TestImage(t)
+	file := writeConfig(t, t.TempDir(), `{"templates": {
+		"small": {"image": "`+img+`", "memory": "128MiB", "max-workspace-bytes": "32MiB", "pids": 64},
+		"locked": {"read-only": true, "exec": "deny"}}}`)
+	s := startServer(t, serverOpts{args: []string{"--config", file}})
+	got := s.cs.InitializeResult().Instructions
+	for _, want := range []string{
+		"\n- locked: image " + img,
+		"no network; 256 MiB memory, 1 CPU, 256 processes, 64 MiB workspace; no commands; read-only workspace.",
+		"\n- small: image " + img,
+		"no network; 128 MiB memory, 1 CPU, 64 processes, 32 MiB workspace.",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("instructions lack %q:\n%s", want, got)
+		}
+	}
+	rr, err := s.cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "sandbox://policy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := rr.Contents[0].Text; !strings.Contains(text, `"name": "locked"`) || !strings.Contains(text, `"name": "small"`) {
+		t.Errorf("policy resource without the templates:\n%s", text)
+	}
+	res, err := s.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"echo", "hi"}}})
+	if err != nil || res.IsError {
+		t.Fatalf("default sandbox exec: %v %+v", err, res)
 	}
 }
