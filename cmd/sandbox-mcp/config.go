@@ -290,7 +290,7 @@ func (f *flagSet) applyFile(path string) error {
 			continue
 		}
 		if k == "config" || f.fs.Lookup(k) == nil {
-			return fmt.Errorf("--config %s: unknown key %q; keys are flag names such as \"exec\" or \"max-file-bytes\"", path, k)
+			return fmt.Errorf("--config %s: unknown key %q; keys are flag names such as \"exec\" or \"max-file-bytes\", and \"templates\" (docs/templates.md)", path, k)
 		}
 		var vals []string
 		switch v := m[k].(type) {
