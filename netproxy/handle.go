@@ -254,7 +254,7 @@ func (u *upstream) close() {
 // tunnel without the check). On a refusal it holds nothing.
 func (p *Proxy) connect(ctx context.Context, req *request, d *Decision, sb *sandboxState) (*upstream, *refusal, []string) {
 	up, ref, extra := p.decide(ctx, req, d, sb)
-	if ref != nil || !p.secrets.intercepts(d.Normalized) {
+	if ref != nil || !p.secrets.intercepts(d.Normalized, p.heldBy(sb.id)) {
 		return up, ref, extra
 	}
 	up.raw = newMetered(up.conn, new(atomic.Int64))
@@ -434,10 +434,11 @@ func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandb
 	}
 	d.Normalized = t.norm
 	hostport := quote(t.norm + ":" + strconv.Itoa(t.port))
-	rule, ok := p.cfg.Allow.Match(t.norm, t.port)
+	allow := p.allowFor(sb.id)
+	rule, ok := allow.Match(t.norm, t.port)
 	if !ok {
 		reason := fmt.Sprintf("%s is not on this server's --allow-host list; use an allowed host, or ask the operator to add it", hostport)
-		if ports := p.cfg.Allow.ports(t.norm); len(ports) > 0 {
+		if ports := allow.ports(t.norm); len(ports) > 0 {
 			reason = fmt.Sprintf("%s is not on this server's --allow-host list: %s is allowed on port %s only",
 				hostport, t.norm, joinInts(ports))
 		}

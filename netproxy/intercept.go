@@ -155,7 +155,7 @@ type intercepted struct {
 func (p *Proxy) serveIntercepted(ctx context.Context, c net.Conn, early []byte, up *tls.Conn, rawUp *meteredConn, d *Decision, sb *sandboxState) (reason string, bytesUp, bytesDown int64) {
 	start := time.Now()
 	t := &intercepted{p: p, sb: sb, sandbox: sb.id, d: d, first: up, ups: []*meteredConn{rawUp}}
-	t.rw = p.secrets.rewriter(sb.id, d.Normalized)
+	t.rw = p.secrets.rewriter(sb.id, d.Normalized, p.heldBy(sb.id))
 	t.used = make([]bool, len(t.rw.names))
 	t.reported = make([]bool, len(t.rw.names))
 	t.last.Store(start.UnixNano())

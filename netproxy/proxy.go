@@ -253,6 +253,7 @@ type Proxy struct {
 	anon      *sandboxState              // refusals of requests with no known credential
 
 	secrets *secretSet // nil without Config.Secrets
+	shapes  shapes     // sandboxes' own allowlists and secrets (SetShape)
 	ca      *ca        // the interception CA; nil without Config.Secrets
 }
 

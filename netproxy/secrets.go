@@ -257,9 +257,18 @@ func (s *secretSet) placeholder(sandbox, name string) string {
 }
 
 // intercepts reports whether tunnels to the normalised host are
-// intercepted: some secret is for it.
-func (s *secretSet) intercepts(host string) bool {
-	return s != nil && len(s.byHost[host]) > 0
+// intercepted: some secret is for it, and, unless held is nil (every
+// secret), held has it.
+func (s *secretSet) intercepts(host string, held map[string]bool) bool {
+	if s == nil {
+		return false
+	}
+	for _, i := range s.byHost[host] {
+		if held == nil || held[s.secrets[i].Name] {
+			return true
+		}
+	}
+	return false
 }
 
 // rewriter replaces one sandbox's placeholders for one host.
@@ -269,12 +278,22 @@ type rewriter struct {
 	values       []string
 	headers      [][]string // each secret's header fields besides Authorization
 	inURL        []bool
-	scrub        *scrubber // turns the values back into the placeholders
+	// held says which secrets the sandbox holds (nil: all); only those
+	// are put into its requests. The others stay in the lists, so that
+	// their values are scrubbed from responses too.
+	held  []bool
+	scrub *scrubber // turns the values back into the placeholders
 }
 
-// rewriter returns the replacements for requests from sandbox to host.
-func (s *secretSet) rewriter(sandbox, host string) *rewriter {
+// rewriter returns the replacements for requests from sandbox to host;
+// held names the secrets the sandbox holds (nil: all).
+func (s *secretSet) rewriter(sandbox, host string, held map[string]bool) *rewriter {
 	rw := &rewriter{}
+	if held != nil {
+		for _, i := range s.byHost[host] {
+			rw.held = append(rw.held, held[s.secrets[i].Name])
+		}
+	}
 	for _, i := range s.byHost[host] {
 		sec := s.secrets[i]
 		ph := s.placeholder(sandbox, sec.Name)
@@ -299,7 +318,7 @@ func (rw *rewriter) replace(v string, used []bool, where func(i int) bool) strin
 		return v
 	}
 	for i, ph := range rw.placeholders {
-		if where(i) && strings.Contains(v, ph) {
+		if (rw.held == nil || rw.held[i]) && where(i) && strings.Contains(v, ph) {
 			v = strings.ReplaceAll(v, ph, rw.values[i])
 			used[i] = true
 		}
@@ -355,16 +374,20 @@ func (p *Proxy) CACert() []byte {
 	return slices.Clone(p.ca.certPEM)
 }
 
-// SecretEnv returns "NAME=placeholder" for every secret, as the sandbox
-// with this id sees them. A placeholder is worthless outside this proxy:
-// it is replaced only in requests from that sandbox to the secret's hosts.
+// SecretEnv returns "NAME=placeholder" for every secret the sandbox with
+// this id holds (every secret, unless its Shape names some), as it sees
+// them. A placeholder is worthless outside this proxy: it is replaced only
+// in requests from that sandbox to the secret's hosts.
 func (p *Proxy) SecretEnv(sandbox string) []string {
 	if p.secrets == nil {
 		return nil
 	}
-	env := make([]string, len(p.secrets.secrets))
-	for i, s := range p.secrets.secrets {
-		env[i] = s.Name + "=" + p.secrets.placeholder(sandbox, s.Name)
+	held := p.heldBy(sandbox)
+	env := make([]string, 0, len(p.secrets.secrets))
+	for _, s := range p.secrets.secrets {
+		if held == nil || held[s.Name] {
+			env = append(env, s.Name+"="+p.secrets.placeholder(sandbox, s.Name))
+		}
 	}
 	return env
 }

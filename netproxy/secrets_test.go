@@ -173,7 +173,7 @@ func TestRewriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rw := s.rewriter("sb", "a.test")
+	rw := s.rewriter("sb", "a.test", nil)
 	phA, phB, phU, phOther := s.placeholder("sb", "A"), s.placeholder("sb", "B"), s.placeholder("sb", "U"), s.placeholder("other", "A")
 	used := make([]bool, 2)
 	if got := rw.replaceHeader("Authorization", "Bearer "+phA, used); got != "Bearer valueA-0123" || !used[0] {

@@ -45,7 +45,7 @@ func TestAgentThatDidNotStartKeepsItsCause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &mutedBackend{fakeBackend: newFakeBackend(t), cause: errors.New("the engine cut the stream")}
 		m := fakeManager(t, b.fakeBackend, func(o *Options) { o.Backend = b })
-		_, err := m.startInstance(context.Background(), "k", 1)
+		_, err := m.startInstance(context.Background(), "k", 1, m.def)
 		e := wantCode(t, err, errcode.Unavailable)
 		if !strings.Contains(e.Message, "agent did not start") {
 			t.Fatalf("got %v, want the agent's start failure", err)

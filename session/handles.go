@@ -134,24 +134,14 @@ func (e endedSandbox) err(id string) error {
 	return errcode.Errorf(errcode.NotFound, "%s", msg)
 }
 
-// checkTemplate says whether name is a template sandboxes can be made
-// from: today only the default one ("" or "default"), which the server's
-// flags define.
-func (m *Manager) checkTemplate(name string) error {
-	switch name {
-	case "", "default":
-		return nil
-	}
-	return errcode.Errorf(errcode.NotFound, "no template %q on this server; the templates are: default (the server's flags). Omit template to use it", clipID(name))
-}
-
 // Create makes a sandbox for owner that no session owns: its handle (its
 // id) names it in any call of owner's until End, its idle timeout or
 // Options.MaxLifetime. Its container starts at its first call, from
 // o.Snapshot if set. Past --max-sandboxes or owner's share
 // (--max-sandboxes-per-caller) it is BUSY.
 func (m *Manager) Create(ctx context.Context, owner string, o CreateOptions) (*Sandbox, error) {
-	if err := m.checkTemplate(o.Template); err != nil {
+	tpl, err := m.template(o.Template)
+	if err != nil {
 		return nil, err
 	}
 	if len(o.Label) > MaxLabelBytes || !utf8.ValidString(o.Label) || strings.ContainsFunc(o.Label, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
@@ -159,7 +149,7 @@ func (m *Manager) Create(ctx context.Context, owner string, o CreateOptions) (*S
 	}
 	var from string
 	if o.Snapshot != "" {
-		if d := m.opts.Policy.CanWrite(); !d.Allow {
+		if d := tpl.Policy.CanWrite(); !d.Allow {
 			return nil, d.Err()
 		}
 		id, err := m.snaps.For(owner).Resolve(o.Snapshot)
@@ -181,12 +171,12 @@ func (m *Manager) Create(ctx context.Context, owner string, o CreateOptions) (*S
 	if _, err := m.room(owner, nil); err != nil {
 		return nil, err
 	}
-	s := m.newSandbox(owner, "", from == "")
-	s.handle, s.label, s.template, s.restoreFrom, s.from = true, o.Label, o.Template, from, from
-	if s.template == "" {
-		s.template = "default"
+	s, err := m.newSandbox(owner, "", tpl, from == "")
+	if err != nil {
+		return nil, err
 	}
-	m.log.Info("sandbox created", "sandbox", s.id, "template", s.template, "snapshot", from)
+	s.handle, s.label, s.restoreFrom, s.from = true, o.Label, from, from
+	m.log.Info("sandbox created", "sandbox", s.id, "template", tpl.Name, "snapshot", from)
 	return s, nil
 }
 
@@ -230,7 +220,7 @@ func (m *Manager) List(ctx context.Context, owner string) []SandboxInfo {
 		var inst *instance
 		out[i], inst = s.info()
 		if inst != nil {
-			wg.Go(func() { out[i].Jobs = runningJobs(ctx, inst, 2*m.opts.Policy.MaxExecs+1) })
+			wg.Go(func() { out[i].Jobs = runningJobs(ctx, inst, 2*s.tpl.Policy.MaxExecs+1) })
 		}
 	}
 	wg.Wait()
@@ -258,7 +248,7 @@ func (s *Sandbox) info() (SandboxInfo, *instance) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := SandboxInfo{
-		Handle: s.id, Label: s.label, Template: s.template, Session: !s.handle,
+		Handle: s.id, Label: s.label, Template: s.tpl.Name, Session: !s.handle,
 		Created: s.created, LastUsed: time.Unix(0, s.lastUsed.Load()), From: s.from,
 	}
 	if in.Template == "" {
@@ -377,11 +367,11 @@ func (m *Manager) end(s *Sandbox, why string, saved *snapshot.Info) bool {
 // workspace first (within idleSnapshotTimeout): it ends even when the
 // save fails.
 func (m *Manager) expire(s *Sandbox) {
-	ctx, cancel := context.WithTimeout(s.ctx, idleSnapshotTimeout(m.opts.Policy))
+	ctx, cancel := context.WithTimeout(s.ctx, idleSnapshotTimeout(s.tpl.Policy))
 	defer cancel()
 	why := fmt.Sprintf("ended after %s, its most (--max-sandbox-lifetime)", m.opts.MaxLifetime)
 	var saved *snapshot.Info
-	if !m.opts.Policy.ReadOnly {
+	if !s.tpl.Policy.ReadOnly {
 		var err error
 		if saved, err = s.save(ctx, "auto: at --max-sandbox-lifetime"); err != nil {
 			m.log.Warn("saving the workspace of a sandbox at its lifetime failed", "sandbox", s.id, "err", err)

@@ -30,9 +30,10 @@ type instance struct {
 	shell atomic.Pointer[[2]string]
 }
 
-// startInstance starts instance number gen of the sandbox with the given id
-// and waits for its agent. On failure nothing is left behind.
-func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (inst *instance, err error) {
+// startInstance starts instance number gen of the sandbox with the given id,
+// of template tpl, and waits for its agent. On failure nothing is left
+// behind.
+func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int, tpl *Template) (inst *instance, err error) {
 	// A tool call waited already, with progress and within its budget;
 	// this covers every other start (the warm pool, the doctor).
 	if err := m.prep.wait(ctx, 0, 0, nil); err != nil {
@@ -41,7 +42,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
 	defer cancel()
-	p := m.opts.Policy
+	p := tpl.Policy
 	inst = &instance{quiet: make(chan struct{})}
 	defer func() {
 		if err != nil {
@@ -59,7 +60,8 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		Generation: gen,
 		UID:        m.opts.UID,
 		GID:        m.opts.GID,
-		Env:        append(m.sandboxEnv(), m.secretEnv(sandbox)...),
+		Image:      tpl.Image,
+		Env:        append(m.sandboxEnv(tpl), m.secretEnv(sandbox, tpl)...),
 		Limits: backend.Limits{
 			Memory:         p.Memory,
 			NanoCPUs:       int64(p.CPUs * 1e9),
@@ -69,7 +71,7 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 			TmpBytes:       m.opts.TmpBytes,
 		},
 		ReadOnly: p.ReadOnly,
-		Proxy:    m.proxy,
+		Proxy:    m.proxyFor(tpl),
 	})
 	if err != nil {
 		return inst, err
@@ -81,43 +83,52 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int) (i
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %w (agent output: %s)", err, box.StderrTail())
 	}
 	inst.conn = c
-	if err := m.setupSandbox(ctx, c, box); err != nil {
+	if err := m.setupSandbox(ctx, c, box, tpl); err != nil {
 		return inst, err
 	}
-	if m.opts.Policy.NeedsResolve() {
-		paths, err := c.Resolve(ctx, m.opts.Policy.AllowCmds, ".")
+	if p.NeedsResolve() {
+		paths, err := c.Resolve(ctx, p.AllowCmds, ".")
 		if err != nil {
 			return inst, fmt.Errorf("resolve the command allowlist: %w", err)
 		}
 		inst.allowed = make(map[string]string)
-		for i, p := range paths {
-			if p == "" {
-				log.Warn("allowlisted command not found in the image", "cmd", m.opts.Policy.AllowCmds[i])
+		for i, path := range paths {
+			if path == "" {
+				log.Warn("allowlisted command not found in the image", "cmd", p.AllowCmds[i])
 				continue
 			}
-			inst.allowed[p] = m.opts.Policy.AllowCmds[i]
+			inst.allowed[path] = p.AllowCmds[i]
 		}
 	}
 	m.wg.Add(1)
 	go m.keepAlive(inst, log)
 	hello := c.Hello()
-	log.Info("sandbox started", "image", m.RuntimeImage(), "duration", time.Since(start).Round(time.Millisecond), "agent", hello.Agent, "agent_pid", hello.PID,
+	log.Info("sandbox started", "template", tpl.Name, "image", orDefault(tpl.Image, m.RuntimeImage()), "duration", time.Since(start).Round(time.Millisecond), "agent", hello.Agent, "agent_pid", hello.PID,
 		"agent_uids", hello.UIDs, "command_uid", hello.CommandUID, "command_groups", hello.CommandGroups)
 	return inst, nil
 }
 
-// sandboxEnv is the environment every sandbox container gets. Nothing else
-// of the server's environment enters a sandbox. The operator's --env
-// replaces a package manager's setting of the same name.
-func (m *Manager) sandboxEnv() []string {
+// sandboxEnv is the environment every sandbox container of template tpl
+// gets. Nothing else of the server's environment enters a sandbox. The
+// operator's --env (the template's env) replaces a package manager's
+// setting of the same name.
+func (m *Manager) sandboxEnv(tpl *Template) []string {
 	env := []string{"HOME=/tmp"}
-	for _, kv := range m.pmEnv {
+	for _, kv := range tpl.pmEnv {
 		name, _, _ := strings.Cut(kv, "=")
-		if !slices.ContainsFunc(m.opts.Env, func(e string) bool { return strings.HasPrefix(e, name+"=") }) {
+		if !slices.ContainsFunc(tpl.Env, func(e string) bool { return strings.HasPrefix(e, name+"=") }) {
 			env = append(env, kv)
 		}
 	}
-	return append(env, m.opts.Env...)
+	return append(env, tpl.Env...)
+}
+
+// orDefault returns s, or def when s is "".
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // Package registries, as the package managers of the default image reach

@@ -34,7 +34,7 @@ type JobInfo = agentclient.JobInfo
 
 // jobOpts gives the next exec its job id and the policy's job bounds.
 func (s *Sandbox) jobOpts() agentclient.JobOpts {
-	p := s.m.opts.Policy
+	p := s.tpl.Policy
 	return agentclient.JobOpts{ID: s.jobSeq.Add(1), KeepOutput: p.MaxJobOutputBytes, MaxJobs: p.MaxExecs}
 }
 
@@ -96,6 +96,6 @@ func (s *Sandbox) Jobs(ctx context.Context) ([]JobInfo, error) {
 	}
 	return call(ctx, s, func(ctx context.Context, inst *instance) ([]JobInfo, error) {
 		// The agent keeps the running jobs and as many ended ones.
-		return inst.conn.Jobs(ctx, 2*s.m.opts.Policy.MaxExecs+1)
+		return inst.conn.Jobs(ctx, 2*s.tpl.Policy.MaxExecs+1)
 	})
 }

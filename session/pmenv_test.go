@@ -36,9 +36,9 @@ func TestPackageManagerEnv(t *testing.T) {
 			t.Errorf("%s: %q, want %q", name, got, tc.want)
 		}
 	}
-	m := &Manager{pmEnv: slices.Concat(pip, npm), opts: Options{Env: []string{"PIP_RETRIES=3", "CI=1"}}}
+	m := &Manager{def: &Template{pmEnv: slices.Concat(pip, npm), Env: []string{"PIP_RETRIES=3", "CI=1"}}}
 	want := []string{"HOME=/tmp", "PIP_DISABLE_PIP_VERSION_CHECK=1", "npm_config_fetch_retries=0", "npm_config_update_notifier=false", "PIP_RETRIES=3", "CI=1"}
-	if got := m.sandboxEnv(); !slices.Equal(got, want) {
+	if got := m.sandboxEnv(m.def); !slices.Equal(got, want) {
 		t.Errorf("sandbox env %q, want %q", got, want)
 	}
 }

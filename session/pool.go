@@ -121,7 +121,7 @@ func (m *Manager) fillLoop() {
 	for {
 		for m.poolNeeds() {
 			id := randomID("sb-")
-			inst, err := m.newInstance(m.ctx, id, 1)
+			inst, err := m.newInstance(m.ctx, id, 1, m.def)
 			if err != nil {
 				if m.ctx.Err() != nil {
 					return
@@ -160,14 +160,14 @@ func (m *Manager) drainPool() {
 	wg.Wait()
 }
 
-// newInstance starts a container and fills its workspace from
-// --workspace-from, if set.
-func (m *Manager) newInstance(ctx context.Context, sandbox string, gen int) (*instance, error) {
-	inst, err := m.startInstance(ctx, sandbox, gen)
+// newInstance starts a container of template tpl and fills its workspace
+// from the template's seed (--workspace-from), if set.
+func (m *Manager) newInstance(ctx context.Context, sandbox string, gen int, tpl *Template) (*instance, error) {
+	inst, err := m.startInstance(ctx, sandbox, gen, tpl)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.seedInstance(ctx, inst); err != nil {
+	if err := m.seedInstance(ctx, inst, tpl); err != nil {
 		m.removeInstance(inst)
 		return nil, err
 	}

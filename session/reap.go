@@ -115,11 +115,11 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 	p := &transition{done: make(chan struct{})}
 	s.busy = p
 	s.mu.Unlock()
-	if !s.m.opts.Policy.ReadOnly {
-		limit := idleSnapshotTimeout(s.m.opts.Policy)
+	if !s.tpl.Policy.ReadOnly {
+		limit := idleSnapshotTimeout(s.tpl.Policy)
 		ctx, cancel := context.WithTimeout(s.ctx, limit)
 		info, err := s.snaps().CreateWait(ctx, "auto: before removal after "+idle.Round(time.Second).String()+" idle", s.id, func(w io.Writer) error {
-			_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
+			_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.tpl.Policy))
 			return err
 		})
 		if err != nil && ctx.Err() != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -113,6 +114,12 @@ type Options struct {
 	Secrets []netproxy.Secret
 	// OnSecretUse, if set, sees each use of a secret (for the audit log).
 	OnSecretUse func(netproxy.SecretUse)
+
+	// Templates are the operator's named shapes of sandbox, by name
+	// (SandboxWithTemplate); the fields above (Policy, Env, Seed, Secrets,
+	// the backend's image) make the default template. Their secrets are
+	// names among Secrets. The warm pool holds default sandboxes only.
+	Templates map[string]Template
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -127,7 +134,10 @@ type Manager struct {
 	prep    *preparation
 	pool    *pool
 	proxy   *netproxy.Proxy // nil unless the policy allows some hosts
-	pmEnv   []string        // package managers' settings (packageManagerEnv)
+	// def is the default template (the options' own), templates the
+	// operator's named ones.
+	def       *Template
+	templates map[string]*Template
 
 	ctx      context.Context // ends at Close
 	cancel   context.CancelFunc
@@ -149,18 +159,18 @@ type Manager struct {
 func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	sd := opts.Seed
 	if opts.Backend == nil {
-		return nil, closeSeed(sd, errors.New("session: Options.Backend is required"))
+		return nil, closeSeeds(opts, errors.New("session: Options.Backend is required"))
 	}
 	if opts.StateDir == "" {
-		return nil, closeSeed(sd, errors.New("session: Options.StateDir is required"))
+		return nil, closeSeeds(opts, errors.New("session: Options.StateDir is required"))
 	}
 	if err := opts.Policy.Validate(); err != nil {
-		return nil, closeSeed(sd, err)
+		return nil, closeSeeds(opts, err)
 	}
 	if sd != nil && sd.readOnly != opts.Policy.ReadOnly {
 		// A read-only workspace's content is in what the backend's
 		// instances run, a writable one's is copied in at each start.
-		return nil, closeSeed(sd, errors.New("session: Options.Seed was loaded for another workspace mode than Policy.ReadOnly"))
+		return nil, closeSeeds(opts, errors.New("session: Options.Seed was loaded for another workspace mode than Policy.ReadOnly"))
 	}
 	if opts.Instance == "" {
 		opts.Instance = randomID("srv-")
@@ -181,23 +191,40 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	templates, err := checkTemplates(opts)
+	if err != nil {
+		return nil, closeSeeds(opts, err)
+	}
 	opts.Retention.MaxSnapshotBytes = snapshotLimits(opts.Policy).MaxBytes
+	for _, t := range templates {
+		// A snapshot of any template's workspace fits the store.
+		opts.Retention.MaxSnapshotBytes = max(opts.Retention.MaxSnapshotBytes, snapshotLimits(t.Policy).MaxBytes)
+	}
 	snaps, err := snapshot.OpenStore(filepath.Join(opts.StateDir, "snapshots"), opts.Retention)
 	if err != nil {
-		return nil, closeSeed(sd, err)
+		return nil, closeSeeds(opts, err)
 	}
 	var (
 		proxy *netproxy.Proxy
 		allow *netproxy.Allowlist
 	)
 	if len(opts.Secrets) > 0 && opts.Policy.Network != policy.NetworkAllowlist {
-		return nil, closeSeed(sd, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has"))
+		return nil, closeSeeds(opts, errors.New("session: secrets are put into requests by the egress proxy, which only --network=allowlist has"))
+	}
+	needProxy := opts.Policy.Network == policy.NetworkAllowlist
+	for _, t := range templates {
+		needProxy = needProxy || t.networked()
 	}
 	if opts.Policy.Network == policy.NetworkAllowlist {
 		allow, err = netproxy.ParseAllowlist(opts.Policy.AllowHosts)
 		if err != nil {
-			return nil, closeSeed(sd, err)
+			return nil, closeSeeds(opts, err)
 		}
+	}
+	if needProxy {
+		// A template may need the proxy where the default has no
+		// network: the default's sandboxes then never get it, and its
+		// Config.Allow (nil) refuses everything.
 		proxy, err = netproxy.New(netproxy.Config{
 			Allow:        allow,
 			AllowPrivate: opts.Policy.AllowPrivateNetworks,
@@ -210,25 +237,26 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 			OnSecretUse:  opts.OnSecretUse,
 		})
 		if err != nil {
-			return nil, closeSeed(sd, err)
+			return nil, closeSeeds(opts, err)
 		}
 	}
 	be := opts.Backend
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
-		opts:     opts,
-		backend:  be,
-		log:      log.With("component", "session", "instance", opts.Instance),
-		snaps:    snaps,
-		seed:     sd,
-		pool:     newPool(opts.Warm),
-		proxy:    proxy,
-		pmEnv:    packageManagerEnv(allow),
-		ctx:      mctx,
-		cancel:   cancel,
-		removals: removals{ended: make(chan struct{})},
-		byKey:    make(map[string]*Sandbox),
-		byID:     make(map[string]*Sandbox),
+		opts:      opts,
+		backend:   be,
+		log:       log.With("component", "session", "instance", opts.Instance),
+		snaps:     snaps,
+		seed:      sd,
+		pool:      newPool(opts.Warm),
+		proxy:     proxy,
+		def:       defaultTemplate(opts, allow),
+		templates: templates,
+		ctx:       mctx,
+		cancel:    cancel,
+		removals:  removals{ended: make(chan struct{})},
+		byKey:     make(map[string]*Sandbox),
+		byID:      make(map[string]*Sandbox),
 	}
 	m.prep = &preparation{run: m.prepare, log: m.log, ctx: mctx, wg: &m.wg, logEvery: prepareLogEvery}
 	m.prep.mu.Lock()
@@ -303,8 +331,23 @@ func (m *Manager) Snapshots() *snapshot.Store { return m.snaps }
 
 // Sandbox returns the sandbox for key, making a record for it on first use.
 // The container starts at the sandbox's first call. owner is the caller the
-// sandbox belongs to ("" on stdio).
+// sandbox belongs to ("" on stdio). A sandbox made here is of the default
+// template.
 func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
+	return m.SandboxWithTemplate(key, owner, "")
+}
+
+// SandboxWithTemplate is Sandbox for a sandbox of the named template ("" or
+// "default": the default one): a sandbox made on first use has its image,
+// limits, network, secrets, environment and seed, and the tools check its
+// calls against its policy. A key that already has a sandbox returns it,
+// whatever its template. An unknown template is INVALID_ARGUMENT. Only
+// default sandboxes come from the warm pool.
+func (m *Manager) SandboxWithTemplate(key, owner, template string) (*Sandbox, error) {
+	tpl, err := m.template(template)
+	if err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -316,7 +359,10 @@ func (m *Manager) Sandbox(key, owner string) (*Sandbox, error) {
 	if s, err := m.room(owner, func() *Sandbox { return m.byKey[key] }); s != nil || err != nil {
 		return s, err
 	}
-	s := m.newSandbox(owner, key, true)
+	s, err := m.newSandbox(owner, key, tpl, true)
+	if err != nil {
+		return nil, err
+	}
 	m.byKey[key] = s
 	return s, nil
 }
@@ -372,22 +418,28 @@ func (m *Manager) room(owner string, found func() *Sandbox) (*Sandbox, error) {
 	}
 }
 
-// newSandbox makes and registers a sandbox record for owner (key is its
-// session's, "" for one made by Create), taking a warm container if warm
-// and there is one. m.mu is held.
-func (m *Manager) newSandbox(owner, key string, warm bool) *Sandbox {
+// newSandbox makes and registers a sandbox record of template tpl for
+// owner (key is its session's, "" for one made by Create), taking a warm
+// container if warm, tpl is the default and there is one. m.mu is held.
+func (m *Manager) newSandbox(owner, key string, tpl *Template, warm bool) (*Sandbox, error) {
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &Sandbox{
 		m:       m,
 		id:      randomID("sb-"),
 		owner:   owner,
 		key:     key,
+		tpl:     tpl,
 		created: time.Now(),
 		ctx:     ctx,
 		cancel:  cancel,
-		execs:   make(chan struct{}, m.opts.Policy.MaxExecs),
+		execs:   make(chan struct{}, tpl.Policy.MaxExecs),
 	}
-	if warm {
+	if !tpl.isDefault {
+		if err := m.shape(s); err != nil {
+			cancel()
+			return nil, err
+		}
+	} else if warm {
 		if w, ok := m.takeWarm(); ok {
 			s.id, s.cur, s.gen = w.id, w.inst, 1
 			m.log.Info("sandbox taken from the warm pool", "sandbox", s.id)
@@ -395,7 +447,7 @@ func (m *Manager) newSandbox(owner, key string, warm bool) *Sandbox {
 	}
 	s.lastUsed.Store(time.Now().UnixNano())
 	m.byID[s.id] = s
-	return s
+	return s, nil
 }
 
 // Lookup finds a sandbox by id for owner. Another owner's sandbox is not
@@ -537,6 +589,11 @@ func (m *Manager) Close(ctx context.Context) error {
 		if m.seed != nil {
 			m.seed.Close()
 		}
+		for _, t := range m.templates {
+			if t.Seed != nil && t.Seed != m.seed {
+				t.Seed.Close()
+			}
+		}
 		close(done)
 	}()
 	select {
@@ -545,6 +602,34 @@ func (m *Manager) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// shape gives a template's sandbox its own allowlist and secrets at the
+// egress proxy, for its whole life (every container it starts); its close
+// takes them back.
+func (m *Manager) shape(s *Sandbox) error {
+	proxy := m.proxyFor(s.tpl)
+	if proxy == nil {
+		return nil
+	}
+	clear, err := proxy.SetShape(s.id, netproxy.Shape{Allow: s.tpl.allow, Secrets: s.tpl.Secrets})
+	if err != nil {
+		return fmt.Errorf("session: template %s: %w", s.tpl.Name, err)
+	}
+	s.clearShape = clear
+	return nil
+}
+
+// closeSeeds closes the options' seeds (the default's and the templates'),
+// and returns err: for the failures of NewManager.
+func closeSeeds(opts Options, err error) error {
+	closeSeed(opts.Seed, nil)
+	for _, t := range opts.Templates {
+		if t.Seed != nil && t.Seed != opts.Seed {
+			t.Seed.Close()
+		}
+	}
+	return err
 }
 
 // randomID returns prefix and 128 random bits in hex: a sandbox's id is

@@ -32,9 +32,15 @@ type Sandbox struct {
 	key      string
 	handle   bool
 	label    string
-	template string
 	from     string // the snapshot Create made it from
 	created  time.Time
+	// tpl is the template the sandbox was made from: its containers'
+	// image, limits, network, secrets, environment and seed, and the
+	// policy its calls are checked against.
+	tpl *Template
+	// clearShape takes back the sandbox's own allowlist and secrets at
+	// the egress proxy (a template's sandbox with a network), or is nil.
+	clearShape func()
 
 	// ctx ends when the sandbox is removed (its session ended); every call
 	// into the sandbox is tied to it.
@@ -216,9 +222,9 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 // the started instance with its error: the sandbox keeps it, empty.
 func (s *Sandbox) start(ctx context.Context, gen int, from string) (*instance, error) {
 	if from == "" {
-		return s.m.newInstance(ctx, s.id, gen)
+		return s.m.newInstance(ctx, s.id, gen, s.tpl)
 	}
-	inst, err := s.m.startInstance(ctx, s.id, gen)
+	inst, err := s.m.startInstance(ctx, s.id, gen, s.tpl)
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +239,7 @@ func (s *Sandbox) start(ctx context.Context, gen int, from string) (*instance, e
 // planRecovery makes the next container start from the sandbox's latest
 // snapshot, if it has one. s.mu is held.
 func (s *Sandbox) planRecovery() {
-	if s.m.opts.Policy.ReadOnly {
+	if s.tpl.Policy.ReadOnly {
 		return // the workspace never changed: a fresh one is the same
 	}
 	if latest, ok := s.snaps().Latest(s.id); ok {
@@ -283,7 +289,7 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 			return err
 		}
 		next := "the next call starts a fresh, empty sandbox"
-		if !s.m.opts.Policy.ReadOnly {
+		if !s.tpl.Policy.ReadOnly {
 			if latest, ok := s.snaps().Latest(s.id); ok {
 				next = fmt.Sprintf("the next call starts a fresh sandbox from its latest snapshot %s (files only: no job survives)", latest.ID)
 			}
@@ -449,7 +455,7 @@ func (s *Sandbox) snaps() *snapshot.View { return s.m.snaps.For(s.owner) }
 func (s *Sandbox) Snapshot(ctx context.Context, label string) (snapshot.Info, error) {
 	return call(ctx, s, func(ctx context.Context, inst *instance) (snapshot.Info, error) {
 		return s.snaps().Create(label, s.id, func(w io.Writer) error {
-			_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.m.opts.Policy))
+			_, err := inst.conn.Snapshot(ctx, w, snapshotLimits(s.tpl.Policy))
 			return err
 		})
 	})
@@ -462,7 +468,7 @@ type RestoreResult = agentproto.RestoreResult
 // (a fork) one another sandbox of the same owner made. Another owner's
 // snapshot is not found.
 func (s *Sandbox) Restore(ctx context.Context, id string) (snapshot.Info, RestoreResult, error) {
-	if d := s.m.opts.Policy.CanWrite(); !d.Allow {
+	if d := s.tpl.Policy.CanWrite(); !d.Allow {
 		return snapshot.Info{}, RestoreResult{}, d.Err()
 	}
 	type restored struct {
@@ -490,7 +496,7 @@ func (s *Sandbox) restoreInto(ctx context.Context, inst *instance, id string) (s
 		return info, RestoreResult{}, err
 	}
 	defer f.Close()
-	res, err := inst.conn.Restore(ctx, f, snapshotLimits(s.m.opts.Policy))
+	res, err := inst.conn.Restore(ctx, f, snapshotLimits(s.tpl.Policy))
 	return info, res, err
 }
 
@@ -512,6 +518,9 @@ func (s *Sandbox) close() {
 		}
 		if inst != nil {
 			s.m.removeInstance(inst)
+		}
+		if s.clearShape != nil {
+			s.clearShape()
 		}
 		s.m.log.Info("sandbox removed", "sandbox", s.id)
 	})

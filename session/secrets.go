@@ -17,11 +17,12 @@ var CABundleVars = []string{
 	"SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
 }
 
-// secretEnv is what a sandbox needs when the proxy holds secrets: each
-// secret's placeholder (never its value), and the variables that make
-// programs trust the proxy's CA through the bundle setup writes.
-func (m *Manager) secretEnv(sandbox string) []string {
-	if m.proxy == nil || m.proxy.CACert() == nil {
+// secretEnv is what a sandbox of template tpl needs when the proxy holds
+// secrets it has: each secret's placeholder (never its value), and the
+// variables that make programs trust the proxy's CA through the bundle
+// setup writes.
+func (m *Manager) secretEnv(sandbox string, tpl *Template) []string {
+	if !m.holdsSecrets(tpl) {
 		return nil
 	}
 	env := m.proxy.SecretEnv(sandbox)
@@ -31,13 +32,23 @@ func (m *Manager) secretEnv(sandbox string) []string {
 	return env
 }
 
+// holdsSecrets reports whether a template's sandboxes hold secrets at the
+// proxy, and so trust its CA: the default's whenever the proxy has secrets
+// (they hold every one), another template's when it names some.
+func (m *Manager) holdsSecrets(tpl *Template) bool {
+	if m.proxyFor(tpl) == nil || m.proxy.CACert() == nil {
+		return false
+	}
+	return tpl.isDefault || len(tpl.Secrets) > 0
+}
+
 // setupSandbox has the agent write the CA bundle, when the proxy holds
 // secrets, and take the sandbox's environment, when the backend keeps it
 // out of the instance's definition (backend.AgentEnv), before any command
 // runs.
-func (m *Manager) setupSandbox(ctx context.Context, c *agentclient.Conn, box backend.Instance) error {
+func (m *Manager) setupSandbox(ctx context.Context, c *agentclient.Conn, box backend.Instance, tpl *Template) error {
 	var req agentproto.SetupRequest
-	if m.proxy != nil {
+	if m.holdsSecrets(tpl) {
 		req.CACerts = string(m.proxy.CACert())
 	}
 	if ae, ok := box.(backend.AgentEnv); ok {

@@ -86,14 +86,14 @@ func (s *Seed) reader() io.Reader { return io.NewSectionReader(s.f, 0, s.size) }
 // Close releases the archive.
 func (s *Seed) Close() error { return s.f.Close() }
 
-// seedInstance fills a new container's workspace from --workspace-from (a
-// read-only workspace has it in its image already).
-func (m *Manager) seedInstance(ctx context.Context, inst *instance) error {
-	sd := m.seed
-	if sd == nil || m.opts.Policy.ReadOnly {
+// seedInstance fills a new container's workspace from its template's
+// --workspace-from (a read-only workspace has it in its image already).
+func (m *Manager) seedInstance(ctx context.Context, inst *instance, tpl *Template) error {
+	sd := tpl.Seed
+	if sd == nil || tpl.Policy.ReadOnly {
 		return nil
 	}
-	if _, err := inst.conn.Restore(ctx, sd.reader(), snapshotLimits(m.opts.Policy)); err != nil {
+	if _, err := inst.conn.Restore(ctx, sd.reader(), snapshotLimits(tpl.Policy)); err != nil {
 		return errcode.Errorf(errcode.Unavailable, "copying --workspace-from %s into the new sandbox failed (%v); retrying may help if the sandbox was busy", sd.dir, err)
 	}
 	return nil

@@ -26,6 +26,9 @@ import (
 type fakeSandboxes struct {
 	sb    *fakeSandbox
 	snaps *snapshot.Store
+	// named, if set, is what Lookup returns for sb's id (a templated
+	// sandbox).
+	named Sandbox
 
 	mu    sync.Mutex
 	calls []string
@@ -54,6 +57,9 @@ func (f *fakeSandboxes) Lookup(id, owner string) (Sandbox, error) {
 	f.record("Lookup %s", id)
 	if id != f.sb.ID() {
 		return nil, errcode.Errorf(errcode.NotFound, "no sandbox %q belongs to you; sandbox_status lists yours and sandbox_create makes one (or omit \"sandbox\" to use this session's own)", id)
+	}
+	if f.named != nil {
+		return f.named, nil
 	}
 	return f.sb, nil
 }
@@ -305,8 +311,60 @@ func TestNamedSandboxNotFound(t *testing.T) {
 	if got := text(res); !strings.HasPrefix(got, "OUTSIDE_WORKSPACE: ") {
 		t.Errorf("text %q", got)
 	}
-	if calls := r.f.made(); len(calls) != 1 {
+	// A named sandbox is looked up (for its template's policy, before
+	// the check), never made or called.
+	if calls := r.f.made(); !slices.Equal(calls, []string{"Lookup sb-other", "Lookup sb-other"}) {
 		t.Errorf("calls %q after a refused call", calls)
+	}
+}
+
+// templatedSandbox is a fake sandbox made from an operator's template.
+type templatedSandbox struct {
+	*fakeSandbox
+	tpl string
+	p   policy.Policy
+}
+
+func (s templatedSandbox) Template() string      { return s.tpl }
+func (s templatedSandbox) Policy() policy.Policy { return s.p }
+
+// TestTemplatePolicyApplies: a call naming a sandbox made from a template
+// is checked against that template's policy, not the server's, before the
+// sandbox is touched: a read-only template refuses a write, an exec-deny
+// one a command, while the server's own policy allows both; the server's
+// limits apply to a default sandbox named the same way.
+func TestTemplatePolicyApplies(t *testing.T) {
+	r := newFakeRig(t, nil)
+	locked := policy.Default()
+	locked.ReadOnly, locked.Exec = true, policy.ExecDeny
+	locked.MaxFileBytes = 4
+	r.f.named = templatedSandbox{fakeSandbox: r.sb, tpl: "locked", p: locked}
+	for _, tc := range []struct {
+		tool string
+		args map[string]any
+		code errcode.Code
+	}{
+		{NameWriteFile, map[string]any{"path": "a", "content": "x", "sandbox": "sb-fake"}, errcode.ReadOnly},
+		{NameEditFile, map[string]any{"path": "a", "old_string": "x", "new_string": "y", "sandbox": "sb-fake"}, errcode.ReadOnly},
+		{NameExec, map[string]any{"argv": []string{"true"}, "sandbox": "sb-fake"}, errcode.PolicyDenied},
+		{NameJob, map[string]any{"sandbox": "sb-fake"}, errcode.PolicyDenied},
+	} {
+		res := r.call(tc.tool, tc.args)
+		if got := text(res); !res.IsError || !strings.HasPrefix(got, string(tc.code)+": ") {
+			t.Errorf("%s on the locked template's sandbox: %q, want %s", tc.tool, got, tc.code)
+		}
+	}
+	if calls := slices.DeleteFunc(r.f.made(), func(c string) bool { return strings.HasPrefix(c, "Lookup") }); len(calls) != 0 {
+		t.Errorf("refused calls reached the sandbox: %q", calls)
+	}
+	// The same calls on the session's own sandbox: the server's policy.
+	if res := r.call(NameWriteFile, map[string]any{"path": "a", "content": "x"}); res.IsError {
+		t.Errorf("write to the default sandbox: %q", text(res))
+	}
+	// A sandbox of the default template named by id: the server's policy.
+	r.f.named = templatedSandbox{fakeSandbox: r.sb, tpl: session.DefaultTemplate, p: locked}
+	if res := r.call(NameWriteFile, map[string]any{"path": "a", "content": "x", "sandbox": "sb-fake"}); res.IsError {
+		t.Errorf("write to a default sandbox named by id: %q", text(res))
 	}
 }
 

@@ -89,8 +89,58 @@ func Instructions(v PolicyView, defaultImage string) string {
 	if len(v.EnvNames) > 0 {
 		fmt.Fprintf(&b, "Set for every command: %s. ", strings.Join(v.EnvNames, ", "))
 	}
+	if len(v.Templates) > 0 {
+		paragraph(&b)
+		b.WriteString("Sandbox templates (by name, when you create a sandbox; none can be widened):")
+		for _, t := range v.Templates {
+			b.WriteString("\n- " + templateLine(t))
+		}
+		paragraph(&b)
+	}
 	b.WriteString("The resource " + PolicyURI + " has it all.")
 	return b.String()
+}
+
+// maxTemplateTools bounds the programs a template's line names.
+const maxTemplateTools = 6
+
+// templateLine is one template in one line: name, image and a few of its
+// tools, network, limits and what it refuses.
+func templateLine(t TemplateView) string {
+	p := t.Policy
+	var parts []string
+	img := "image " + clip(t.Image, 64)
+	if t.Toolbox != nil && len(t.Toolbox.Has) > 0 {
+		var names []string
+		for _, e := range t.Toolbox.Has[:min(len(t.Toolbox.Has), maxTemplateTools)] {
+			names = append(names, clip(e.Name, 32))
+		}
+		img += " (" + strings.Join(names, ", ")
+		if len(t.Toolbox.Has) > maxTemplateTools {
+			img += ", …"
+		}
+		img += ")"
+	}
+	parts = append(parts, img)
+	if p.Network == policy.NetworkAllowlist {
+		parts = append(parts, "network to "+strings.Join(p.AllowHosts, ", "))
+	} else {
+		parts = append(parts, "no network")
+	}
+	parts = append(parts, fmt.Sprintf("%s memory, %g CPU, %d processes, %s workspace", sizeOf(p.Memory), p.CPUs, p.Pids, sizeOf(p.MaxWorkspaceBytes)))
+	switch p.Exec {
+	case policy.ExecDeny:
+		parts = append(parts, "no commands")
+	case policy.ExecAllowlist:
+		parts = append(parts, "only "+strings.Join(p.AllowCmds, ", "))
+	}
+	if p.ReadOnly {
+		parts = append(parts, "read-only workspace")
+	}
+	for _, s := range t.Secrets {
+		parts = append(parts, "$"+s.Name)
+	}
+	return t.Name + ": " + strings.Join(parts, "; ") + "."
 }
 
 // paragraph ends a paragraph of b.

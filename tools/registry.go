@@ -22,21 +22,21 @@ func All(d *Deps) []Tool {
 		d.versions = newVersions()
 	}
 	return []Tool{
-		tool(execDef(d.Policy), wrap(d, NameExec, d.checkExec, d.exec)),
-		tool(jobDef(d.Policy), wrap(d, NameJob, d.checkJob, d.job)),
-		tool(readDef(), wrap(d, NameReadFile, checkRead, d.readFile)),
-		tool(writeDef(d.Policy), wrap(d, NameWriteFile, d.checkWrite, d.writeFile)),
-		tool(editDef(d.Policy), wrap(d, NameEditFile, d.checkEdit, d.editFile)),
-		tool(deleteDef(d.Policy), wrap(d, NameDelete, d.checkDelete, d.deletePath)),
-		tool(moveDef(d.Policy), wrap(d, NameMove, d.checkMove, d.move)),
-		tool(viewImageDef(), wrap(d, NameViewImage, checkViewImage, d.viewImage)),
-		tool(listDef(), wrap(d, NameList, checkList, d.list)),
-		tool(snapshotDef(), wrap(d, NameSnapshot, checkSnapshot, d.snapshot)),
-		tool(restoreDef(), wrap(d, NameRestore, d.checkRestore, d.restore)),
-		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, d.deleteSnapshot)),
-		tool(createDef(), wrap(d, NameCreate, as, d.create)),
-		tool(statusDef(), wrap(d, NameStatus, as, d.status)),
-		tool(endDef(), wrap(d, NameEnd, checkEnd, d.end)),
+		tool(execDef(d.Policy), wrap(d, NameExec, (*Deps).checkExec, (*Deps).exec)),
+		tool(jobDef(d.Policy), wrap(d, NameJob, (*Deps).checkJob, (*Deps).job)),
+		tool(readDef(), wrap(d, NameReadFile, static(checkRead), (*Deps).readFile)),
+		tool(writeDef(d.Policy), wrap(d, NameWriteFile, (*Deps).checkWrite, (*Deps).writeFile)),
+		tool(editDef(d.Policy), wrap(d, NameEditFile, (*Deps).checkEdit, (*Deps).editFile)),
+		tool(deleteDef(d.Policy), wrap(d, NameDelete, (*Deps).checkDelete, (*Deps).deletePath)),
+		tool(moveDef(d.Policy), wrap(d, NameMove, (*Deps).checkMove, (*Deps).move)),
+		tool(viewImageDef(), wrap(d, NameViewImage, static(checkViewImage), (*Deps).viewImage)),
+		tool(listDef(), wrap(d, NameList, static(checkList), (*Deps).list)),
+		tool(snapshotDef(), wrap(d, NameSnapshot, static(checkSnapshot), (*Deps).snapshot)),
+		tool(restoreDef(), wrap(d, NameRestore, (*Deps).checkRestore, (*Deps).restore)),
+		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, (*Deps).deleteSnapshot)),
+		tool(createDef(), wrap(d, NameCreate, as, (*Deps).create)),
+		tool(statusDef(), wrap(d, NameStatus, as, (*Deps).status)),
+		tool(endDef(), wrap(d, NameEnd, static(checkEnd), (*Deps).end)),
 	}
 }
 

@@ -50,6 +50,17 @@ type PolicyView struct {
 	MaxSessions          int `json:"max_sessions,omitempty"`
 	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
 	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
+	// Templates are the operator's named sandbox templates, each with
+	// its whole policy (what a sandbox made from it may do).
+	Templates []TemplateView `json:"templates,omitempty"`
+}
+
+// TemplateView is one operator template as the policy resource and the
+// instructions show it: its name and its policy (the server-wide fields,
+// the HTTP caps among them, are the default's and left out).
+type TemplateView struct {
+	Name string `json:"name"`
+	PolicyView
 }
 
 // SecretView is a secret as the model sees it: its name and hosts, never

@@ -223,7 +223,10 @@ func (s *Sessions) sandbox(c *call, named string) (Sandbox, error) {
 	}
 	if named != "" {
 		// A call naming a sandbox does not make one for its session.
-		sb, err := s.m.Lookup(named, owner)
+		sb, err := c.named, c.namedErr
+		if !c.looked {
+			sb, err = s.m.Lookup(named, owner)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -253,8 +253,8 @@ func TestCancelledCallIsNoToolError(t *testing.T) {
 	} {
 		recs = nil
 		// The call fails as its context has ended already.
-		fail := func(in ExecIn) (ExecIn, error) { return in, err }
-		h := wrap(d, NameExec, fail, func(ctx context.Context, c *call, sb Sandbox, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+		fail := func(_ *Deps, in ExecIn) (ExecIn, error) { return in, err }
+		h := wrap(d, NameExec, fail, func(_ *Deps, ctx context.Context, c *call, sb Sandbox, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
 			t.Fatal("run after a failed check")
 			return nil, ExecOut{}, nil
 		})

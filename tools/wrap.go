@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
 // Deps is what the tools need from the server.
@@ -64,8 +65,13 @@ type Record struct {
 type call struct {
 	req     *mcp.CallToolRequest
 	sandbox string
-	bytes   int64
-	exit    *int
+	// named is the sandbox the call names, once looked up (Deps.forCall):
+	// looked says it was, namedErr why it was not found.
+	named    Sandbox
+	namedErr error
+	looked   bool
+	bytes    int64
+	exit     *int
 	// held is the part of the memory budget the call holds (see
 	// Deps.reserve); the wrapper gives it back once the result is sent.
 	held *reservation
@@ -106,13 +112,56 @@ const CodeRequestCancelled = -32800
 //
 // A failure the model can act on is an *errcode.Error, from either.
 type (
-	checkFunc[In, Req any] func(in In) (Req, error)
-	runFunc[Req, Out any]  func(ctx context.Context, c *call, sb Sandbox, req Req) (*mcp.CallToolResult, Out, error)
+	checkFunc[In, Req any] func(d *Deps, in In) (Req, error)
+	runFunc[Req, Out any]  func(d *Deps, ctx context.Context, c *call, sb Sandbox, req Req) (*mcp.CallToolResult, Out, error)
 	input                  interface{ target() string }
 )
 
+// Both get the Deps whose Policy is the one the call is checked against:
+// the server's, or the template's of the sandbox the call names (see
+// Deps.forCall).
+
 // as is the check of a tool that asks policy nothing: run gets the input.
-func as[In any](in In) (In, error) { return in, nil }
+func as[In any](_ *Deps, in In) (In, error) { return in, nil }
+
+// static is the check f, which asks policy nothing.
+func static[In, Req any](f func(In) (Req, error)) checkFunc[In, Req] {
+	return func(_ *Deps, in In) (Req, error) { return f(in) }
+}
+
+// templated is a sandbox made from an operator's template
+// (*session.Sandbox): the calls on it are checked against its template's
+// policy.
+type templated interface {
+	Template() string
+	Policy() policy.Policy
+}
+
+// forCall returns the Deps a call naming sandbox target is checked and run
+// with: d itself, unless target is one of owner's sandboxes made from
+// another template than the default, whose policy then applies (its
+// read-only workspace, exec allowlist, limits). The sandbox is only looked
+// up, never started or made: a call refused by its policy touches nothing.
+// A target not found is left to the sandbox's resolution, which says so.
+func (d *Deps) forCall(c *call, target string) *Deps {
+	if target == "" || d.Sessions == nil || d.Sessions.m == nil {
+		return d
+	}
+	sb, err := d.Sessions.m.Lookup(target, d.Sessions.Owner(c.req))
+	c.looked = true // looked up once: the call then runs in it, or is NOT_FOUND
+	if err != nil {
+		c.namedErr = err
+		return d
+	}
+	c.named = sb
+	ts, ok := sb.(templated)
+	if !ok || ts.Template() == session.DefaultTemplate {
+		return d
+	}
+	td := *d
+	td.Policy = ts.Policy()
+	return &td
+}
 
 // changeablePath is the check of a tool that changes or removes what is at
 // path: the workspace is writable, and path, made relative to it, is not
@@ -147,12 +196,18 @@ func (d *Deps) changeablePath(path string) (string, error) {
 func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req], run runFunc[Req, Out]) mcp.ToolHandlerFor[In, any] {
 	handle := func(ctx context.Context, c *call, in In) (*mcp.CallToolResult, Out, error) {
 		var none Out
-		req, err := check(in)
+		ns, isNS := any(in).(interface{ inNoSandbox() bool })
+		noSandbox := isNS && ns.inNoSandbox()
+		pd := d
+		if !noSandbox {
+			pd = d.forCall(c, in.target())
+		}
+		req, err := check(pd, in)
 		if err != nil {
 			return nil, none, err
 		}
 		var sb Sandbox
-		if ns, ok := any(in).(interface{ inNoSandbox() bool }); !ok || !ns.inNoSandbox() {
+		if !noSandbox {
 			if err := d.prepared(ctx, c); err != nil {
 				return nil, none, err
 			}
@@ -160,7 +215,7 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 				return nil, none, err
 			}
 		}
-		res, out, err := run(ctx, c, sb, req)
+		res, out, err := run(pd, ctx, c, sb, req)
 		if err == nil && sb != nil {
 			c.notice = sb.TakeNotice()
 		}

@@ -89,6 +89,10 @@ type Config struct {
 	ConfigFile string
 	// Kube selects and configures the Kubernetes backend.
 	Kube KubeConfig
+	// Templates are the operator's named sandbox templates (the config
+	// file's "templates"), sorted by name; the rest of Config is the
+	// default template.
+	Templates []Template
 }
 
 // flagSet binds every knob to a Config. Each flag's environment variable and
@@ -100,6 +104,9 @@ type flagSet struct {
 	// flag set from a new layer starts over instead of appending.
 	source int
 	env    envList
+	// templates is the config file's "templates" value, resolved once
+	// every layer is applied.
+	templates json.RawMessage
 }
 
 func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
@@ -216,9 +223,12 @@ func parseConfig(args []string, getenv func(string) string) (Config, []string, e
 	}
 	cfg.ConfigFile = file
 	cfg.Env = f.env.resolved
-	var serr error
+	var serr, terr error
 	cfg.Secrets, serr = resolveSecrets(cfg.SecretSpecs, getenv)
-	err := errors.Join(serr, cfg.Validate())
+	if serr == nil {
+		cfg.Templates, terr = parseTemplates(cfg, file, f.templates, getenv)
+	}
+	err := errors.Join(serr, terr, cfg.Validate())
 	if cfg.SeccompProfileFile != "" {
 		var perr error
 		cfg.SeccompProfile, perr = loadSeccompProfile(cfg.SeccompProfileFile)
@@ -279,8 +289,12 @@ func (f *flagSet) applyFile(path string) error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		if k == TemplatesKey {
+			f.templates, _ = json.Marshal(m[k])
+			continue
+		}
 		if k == "config" || f.fs.Lookup(k) == nil {
-			return fmt.Errorf("--config %s: unknown key %q; keys are flag names such as \"exec\" or \"max-file-bytes\"", path, k)
+			return fmt.Errorf("--config %s: unknown key %q; keys are flag names such as \"exec\" or \"max-file-bytes\", and \"templates\" (docs/templates.md)", path, k)
 		}
 		var vals []string
 		switch v := m[k].(type) {

@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"path/filepath"
 
-	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
@@ -18,6 +17,7 @@ func newDockerBackend(cfg Config, cli docker.Engine, instance string, log *slog.
 	return docker.New(docker.Config{
 		Client:         cli,
 		Image:          cfg.Image,
+		Images:         cfg.templateImages(),
 		AgentBinary:    cfg.AgentBin,
 		AgentMount:     cfg.AgentMount,
 		AgentDir:       filepath.Join(cfg.StateDir, "agents"),
@@ -26,7 +26,7 @@ func newDockerBackend(cfg Config, cli docker.Engine, instance string, log *slog.
 		Instance:       instance,
 		Runtime:        cfg.Runtime,
 		SeccompProfile: cfg.SeccompProfile,
-		Egress:         cfg.Policy.Network == policy.NetworkAllowlist,
+		Egress:         cfg.anyNetworked(), // the default's network or a template's
 		NetworkPool:    cfg.NetworkPool,
 		Logger:         log.With("component", "engine"),
 	})

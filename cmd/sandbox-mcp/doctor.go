@@ -120,6 +120,20 @@ func doctorDocker(ctx context.Context, cfg Config, r *report) {
 	} else {
 		ok("image %s", cfg.Image)
 	}
+	for _, t := range cfg.Templates {
+		if t.Image == cfg.Image {
+			continue
+		}
+		if _, err := cli.ImageInspect(ctx, t.Image); err != nil {
+			if cerrdefs.IsNotFound(err) {
+				fail("template %s: image %s is not on this engine (nothing can be pulled): build it (e.g. FROM the default image, see `sandbox-mcp image`), or change the template's \"image\" in %s", t.Name, t.Image, cfg.ConfigFile)
+			} else {
+				fail("template %s: image %s: %v", t.Name, t.Image, err)
+			}
+		} else {
+			ok("template %s: image %s", t.Name, t.Image)
+		}
+	}
 
 	netName := "sandbox-mcp-doctor-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if _, err := cli.NetworkCreate(ctx, netName, client.NetworkCreateOptions{

@@ -27,7 +27,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -229,6 +231,13 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		release()
 		return nil, nil, err
 	}
+	if opts.Templates, err = loadTemplates(cfg, opts.Seed); err != nil {
+		if opts.Seed != nil {
+			opts.Seed.Close()
+		}
+		release()
+		return nil, nil, err
+	}
 	opts.Secrets = cfg.Secrets
 	if auditLog != nil {
 		opts.OnProxyDecision = func(d netproxy.Decision) { auditLog.Proxy(d) }
@@ -271,6 +280,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 		view.Secrets = append(view.Secrets, tools.SecretViewOf(sec.Name, sec.Hosts))
 	}
 	view.ImplicitSandbox = sessions.Sessionless.String()
+	view.Templates = templateViews(cfg, m)
 	if cfg.HTTP.Addr != "" {
 		view.MaxSessions = cfg.HTTP.MaxSandboxes
 		view.MaxSessionsPerCaller = cfg.HTTP.SandboxesPerCaller()
@@ -294,6 +304,28 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 	}
 	tools.Register(s, deps)
 	return s
+}
+
+// templateViews describes the operator's templates for the policy resource
+// and the instructions, each image's manifest read at once (each read is
+// cut at 2 s).
+func templateViews(cfg Config, m *session.Manager) []tools.TemplateView {
+	out := make([]tools.TemplateView, len(cfg.Templates))
+	var wg sync.WaitGroup
+	for i, t := range cfg.Templates {
+		v := tools.TemplateView{Name: t.Name, PolicyView: tools.ViewOf(t.Policy, t.Image, t.Env)}
+		for _, name := range t.Secrets {
+			if j := slices.IndexFunc(cfg.Secrets, func(s netproxy.Secret) bool { return s.Name == name }); j >= 0 {
+				v.Secrets = append(v.Secrets, tools.SecretViewOf(name, cfg.Secrets[j].Hosts))
+			}
+		}
+		out[i] = v
+		if m != nil {
+			wg.Go(func() { out[i].Toolbox = tools.ParseToolbox(m.TemplateToolbox(context.Background(), t.Name)) })
+		}
+	}
+	wg.Wait()
+	return out
 }
 
 // serveStdio serves one MCP session over stdin and stdout until the client
@@ -353,4 +385,11 @@ func logPolicy(log *slog.Logger, cfg Config) {
 		"image", cfg.Image, "env", strings.Join(names, ","),
 		"state_dir", cfg.StateDir, "idle_timeout", cfg.IdleTimeout, "runtime", cfg.Runtime,
 		"seccomp_profile", cfg.SeccompProfileFile, "secret", strings.Join(cfg.SecretSpecs, ";"))
+	for _, t := range cfg.Templates {
+		p := t.Policy
+		log.Info("template", "name", t.Name, "sets", strings.Join(t.Keys, ","), "image", t.Image,
+			"exec", p.Exec, "allow_cmd", strings.Join(p.AllowCmds, ","), "read_only", p.ReadOnly, "max_workspace_bytes", p.MaxWorkspaceBytes,
+			"memory", p.Memory, "cpus", p.CPUs, "pids", p.Pids, "network", p.Network, "allow_host", strings.Join(p.AllowHosts, ","),
+			"secret", strings.Join(t.Secrets, ","), "workspace_from", t.WorkspaceFrom)
+	}
 }

@@ -110,6 +110,11 @@ type InstanceSpec struct {
 	Generation int
 	// UID and GID are the sandbox user every command runs as (never 0).
 	UID, GID int
+	// Image is the base image of an operator's template ("" for the
+	// backend's own): the backend runs it with the agent, as it does its
+	// own, but without the content a read-only default workspace has in
+	// its image. The Docker backend must have it in docker.Config.Images.
+	Image string
 	// Env is the sandbox's whole environment (NAME=VALUE). The backend
 	// adds the proxy's variables when Proxy is set; nothing else enters.
 	// It holds values the operator may not want shown (--env values, the

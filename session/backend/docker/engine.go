@@ -67,6 +67,10 @@ type Config struct {
 	Client Engine
 	// Image is the base image of every sandbox; it must exist locally.
 	Image string
+	// Images are further base images, of operator templates
+	// (backend.InstanceSpec.Image): Prepare checks each and gets it the
+	// agent the way it does Image, without Seed.
+	Images []string
 	// AgentBinary is the path of the static agent binary given to every
 	// sandbox (see AgentMount).
 	AgentBinary string
@@ -123,9 +127,10 @@ type Docker struct {
 	// mu guards what Prepare sets, which a Prepare tried again after a
 	// failure may set again.
 	mu         sync.Mutex
-	image      string    // runtime image, set by Prepare
-	agentMount string    // host path of the agent bind-mounted into sandboxes; "" when the image holds it
-	fw         *firewall // nil without Egress
+	image      string            // runtime image, set by Prepare
+	images     map[string]string // runtime image of each of Config.Images, set by Prepare
+	agentMount string            // host path of the agent bind-mounted into sandboxes; "" when the image holds it
+	fw         *firewall         // nil without Egress
 	// createGrace is DefaultCreateGrace (tests shorten it).
 	createGrace time.Duration
 }
@@ -198,6 +203,21 @@ func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
 	if err != nil {
 		return err
 	}
+	images := map[string]string{}
+	for _, base := range d.cfg.Images {
+		if _, done := images[base]; done {
+			continue
+		}
+		step(backend.Step{What: "checking the template image " + base})
+		bi, err := inspectBase(ctx, d.cli, base)
+		if err != nil {
+			return fmt.Errorf("a sandbox template's image: %w", err)
+		}
+		tplan := imagePlan{base: base, baseID: bi.ID, agent: agent, noAgent: plan.noAgent, uid: d.cfg.UID, gid: d.cfg.GID}
+		if images[base], err = runtimeImage(ctx, d.cli, tplan, step); err != nil {
+			return err
+		}
+	}
 	var fw *firewall
 	if d.cfg.Egress {
 		step(backend.Step{What: "setting up the firewall chain for --network=allowlist"})
@@ -208,7 +228,7 @@ func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
 		fw.log = d.log
 	}
 	d.mu.Lock()
-	d.image, d.agentMount = img, mountPath
+	d.image, d.agentMount, d.images = img, mountPath, images
 	if fw != nil {
 		d.fw = fw
 	}
@@ -375,9 +395,14 @@ func (d *Docker) AgentMountPath() string {
 // server's instructions can say what the image has before its sandboxes are
 // prepared; "" when the image has none or the engine does not answer in time.
 func (d *Docker) Toolbox(ctx context.Context) string {
+	return d.ImageToolbox(ctx, d.cfg.Image)
+}
+
+// ImageToolbox is Toolbox for another image (a template's).
+func (d *Docker) ImageToolbox(ctx context.Context, image string) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	info, err := d.cli.ImageInspect(ctx, d.cfg.Image)
+	info, err := d.cli.ImageInspect(ctx, image)
 	if err != nil || info.Config == nil {
 		return ""
 	}
@@ -518,7 +543,13 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 	l := spec.Limits
 	d.mu.Lock()
 	img, agentMount := d.image, d.agentMount
+	if spec.Image != "" {
+		img = d.images[spec.Image]
+	}
 	d.mu.Unlock()
+	if img == "" {
+		return nil, errcode.Errorf(errcode.Unavailable, "cannot start the sandbox: its template's image %s was not prepared (the server's Docker backend lacks it in Config.Images)", spec.Image)
+	}
 	if agentMount != "" {
 		touch(agentMount) // in use: not pruned by another server's start
 	}
@@ -532,7 +563,7 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 		Env:               env,
 		WorkspaceBytes:    l.WorkspaceBytes,
 		WorkspaceReadOnly: spec.ReadOnly,
-		WorkspaceInImage:  spec.ReadOnly && d.cfg.Seed != nil,
+		WorkspaceInImage:  spec.ReadOnly && d.cfg.Seed != nil && spec.Image == "",
 		TmpBytes:          l.TmpBytes,
 		Memory:            l.Memory,
 		NanoCPUs:          l.NanoCPUs,

@@ -111,8 +111,12 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 	// values and the secrets' placeholders: the pod spec, which anyone who
 	// may get pods reads and etcd keeps, gets none of it. The agent's setup
 	// request carries it (backend.AgentEnv).
+	image := b.cfg.Image
+	if spec.Image != "" {
+		image = spec.Image // an operator template's
+	}
 	inst, err := b.cfg.Cluster.Start(ctx, spec.Sandbox, Params{
-		Name: name, Image: b.cfg.Image, UID: spec.UID, GID: spec.GID,
+		Name: name, Image: image, UID: spec.UID, GID: spec.GID,
 		WorkspaceBytes: spec.Limits.WorkspaceBytes, TmpBytes: spec.Limits.TmpBytes, ReadOnly: spec.ReadOnly,
 		Memory: spec.Limits.Memory, NanoCPUs: spec.Limits.NanoCPUs, Network: network,
 	})

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+)
+
+// TestDoctorChecksTemplateImages: doctor checks every template's image on
+// the engine and says what to fix for a missing one.
+func TestDoctorChecksTemplateImages(t *testing.T) {
+	img := testenv.TestImage(t) // skips under -short before the build
+	dir := t.TempDir()
+	file := writeConfig(t, dir, `{"templates": {
+		"here": {"image": "`+img+`", "memory": "256MiB", "max-workspace-bytes": "64MiB"},
+		"gone": {"image": "sandbox-mcp-no-such-template-image:0"}}}`)
+	var out bytes.Buffer
+	code := doctor(context.Background(), []string{"--config", file, "--image", img, "--state-dir", dir}, &out, envFrom(map[string]string{"HOME": dir}))
+	s := out.String()
+	if code == 0 {
+		t.Fatalf("doctor passed with a template image missing:\n%s", s)
+	}
+	for _, want := range []string{
+		"FAIL  template gone: image sandbox-mcp-no-such-template-image:0 is not on this engine",
+		`change the template's "image" in ` + file,
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "template here") {
+		t.Errorf("a template with the default image was checked twice:\n%s", s)
+	}
+}
+
+// TestServerListsTemplates: the built server, given templates in its
+// config file, lists them in its instructions (one line each) and in
+// sandbox://policy, and still runs the default sandbox's commands.
+func TestServerListsTemplates(t *testing.T) {
+	img := testenv.TestImage(t)
+	file := writeConfig(t, t.TempDir(), `{"templates": {
+		"small": {"image": "`+img+`", "memory": "128MiB", "max-workspace-bytes": "32MiB", "pids": 64},
+		"locked": {"read-only": true, "exec": "deny"}}}`)
+	s := startServer(t, serverOpts{args: []string{"--config", file}})
+	got := s.cs.InitializeResult().Instructions
+	for _, want := range []string{
+		"\n- locked: image " + img,
+		"no network; 256 MiB memory, 1 CPU, 256 processes, 64 MiB workspace; no commands; read-only workspace.",
+		"\n- small: image " + img,
+		"no network; 128 MiB memory, 1 CPU, 64 processes, 32 MiB workspace.",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("instructions lack %q:\n%s", want, got)
+		}
+	}
+	rr, err := s.cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "sandbox://policy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := rr.Contents[0].Text; !strings.Contains(text, `"name": "locked"`) || !strings.Contains(text, `"name": "small"`) {
+		t.Errorf("policy resource without the templates:\n%s", text)
+	}
+	res, err := s.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"echo", "hi"}}})
+	if err != nil || res.IsError {
+		t.Fatalf("default sandbox exec: %v %+v", err, res)
+	}
+}
