@@ -69,4 +69,19 @@ func TestServerListsTemplates(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("default sandbox exec: %v %+v", err, res)
 	}
+
+	// A caller picks a template by name with sandbox_create; its calls
+	// get the template's limits and policy, never more.
+	small := s.ok("sandbox_create", map[string]any{"template": "small"})
+	if small["template"] != "small" {
+		t.Fatalf("sandbox_create template small: %v", small)
+	}
+	mem := s.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"}, "sandbox": small["sandbox"]})
+	if strings.TrimSpace(mem["stdout"].(string)) != "134217728" {
+		t.Fatalf("the small template's sandbox has memory.max %v, want 128 MiB", mem)
+	}
+	locked := s.ok("sandbox_create", map[string]any{"template": "locked"})["sandbox"]
+	s.fails("sandbox_write_file", map[string]any{"path": "a.txt", "content": "x", "sandbox": locked}, "READ_ONLY")
+	s.fails("sandbox_exec", map[string]any{"argv": []string{"true"}, "sandbox": locked}, "POLICY_DENIED")
+	s.fails("sandbox_create", map[string]any{"template": "huge"}, "INVALID_ARGUMENT")
 }
