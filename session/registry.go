@@ -50,6 +50,11 @@ type Options struct {
 	Env []string
 	// StateDir holds snapshots and the server's records. Required.
 	StateDir string
+	// Slot is this server's slot of StateDir (OpenSlot), which holds the
+	// records of its sandboxes; the caller holds it for the Manager's
+	// life and closes it after Close. nil keeps no records (doctor,
+	// prepare, tests): nothing then outlives the process.
+	Slot *Slot
 	// Retention bounds the snapshots kept in StateDir. Its
 	// MaxSnapshotBytes is set from Policy (the workspace's stream limit).
 	Retention snapshot.Retention

@@ -28,7 +28,7 @@ var flagGroups = []struct {
 		"max-inflight-bytes", "max-session-inflight-bytes",
 	}},
 	{"Snapshots", []string{
-		"state-dir", "snapshot-max-count", "snapshot-max-bytes", "snapshot-max-age",
+		"state-dir", "state-slot", "snapshot-max-count", "snapshot-max-bytes", "snapshot-max-age",
 		"snapshot-max-count-per-caller", "snapshot-max-bytes-per-caller",
 	}},
 	{"Kubernetes", []string{
