@@ -130,6 +130,10 @@ type Manager struct {
 	wg       sync.WaitGroup // background work: removals, reaper, pings
 	removals removals       // removals in the background; under mu
 
+	// records are the sandboxes' records in the server's state slot
+	// (adopt.go); nil without Options.Slot.
+	records *Records
+
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
 	byID   map[string]*Sandbox
@@ -224,6 +228,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		removals: removals{ended: make(chan struct{})},
 		byKey:    make(map[string]*Sandbox),
 		byID:     make(map[string]*Sandbox),
+	}
+	if err := m.adopt(); err != nil {
+		cancel()
+		return nil, closeSeed(sd, err)
 	}
 	m.prep = &preparation{run: m.prepare, log: m.log, ctx: mctx, wg: &m.wg, logEvery: prepareLogEvery}
 	m.prep.mu.Lock()

@@ -39,6 +39,9 @@ type Sandbox struct {
 
 	closeOnce sync.Once
 
+	createdOnce sync.Once
+	createdAt   time.Time
+
 	mu     sync.Mutex
 	busy   *transition // a start or an idle save under way, or nil
 	cur    *instance
@@ -130,6 +133,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		if err := s.cur.conn.Err(); err == nil {
 			inst := s.cur
 			s.mu.Unlock()
+			s.record(inst)
 			return inst, nil
 		} else {
 			old = s.cur
@@ -177,6 +181,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.record(inst)
 	return inst, nil
 }
 
@@ -462,6 +467,7 @@ func (s *Sandbox) close() {
 		if inst != nil {
 			s.m.removeInstance(inst)
 		}
+		s.forget()
 		s.m.log.Info("sandbox removed", "sandbox", s.id)
 	})
 }

@@ -59,6 +59,9 @@ type Config struct {
 	StateSlot int
 	// IdleTimeout removes a sandbox unused this long.
 	IdleTimeout time.Duration
+	// Lease is how long a sandbox's agent lives without hearing from the
+	// server (session.Options.Lease).
+	Lease time.Duration
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
 	// SeccompProfileFile names a seccomp profile (JSON) for sandboxes in
@@ -144,6 +147,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
 	fs.IntVar(&cfg.StateSlot, "state-slot", cfg.StateSlot, "the `slot` of --state-dir whose sandbox records this server takes (0 to 63; a slot is one running server's, held by a lock): -1 takes the first free one, which after a crash is the one the server had (see docs/restart.md)")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
+	fs.DurationVar(&cfg.Lease, "lease", cfg.Lease, "how long a sandbox outlives a server that is gone (killed, crashed) without a word: a server started again on the same --state-dir within it takes the sandbox back, jobs included; past it the sandbox ends itself (at least 4s)")
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
 	fs.StringVar(&cfg.SeccompProfileFile, "seccomp-profile", cfg.SeccompProfileFile, "seccomp profile `file` (JSON) for sandboxes in place of the engine's default, e.g. examples/seccomp-no-io_uring.json")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
@@ -163,6 +167,7 @@ func defaultConfig(getenv func(string) string) Config {
 		StateDir:    defaultStateDir(getenv),
 		StateSlot:   session.AnySlot,
 		IdleTimeout: 15 * time.Minute,
+		Lease:       session.DefaultLease,
 		NetworkPool: docker.DefaultNetworkPool,
 		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
@@ -365,6 +370,9 @@ func (c Config) Validate() error {
 	}
 	if r := c.Retention; r.MaxCount < 0 || r.MaxBytes < 0 || r.MaxAge < 0 || r.PerCallerCount < 0 || r.PerCallerBytes < 0 {
 		errs = append(errs, errors.New("--snapshot-max-count, --snapshot-max-bytes, --snapshot-max-age and their -per-caller forms must not be negative"))
+	}
+	if c.Lease < 4*time.Second {
+		errs = append(errs, fmt.Errorf("--lease %s is too short: give at least 4s (a server that takes a sandbox back is silent for 2.5s first)", c.Lease))
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))

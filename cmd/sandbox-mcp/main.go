@@ -233,6 +233,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		Env:         cfg.Env,
 		StateDir:    cfg.StateDir,
 		IdleTimeout: cfg.IdleTimeout,
+		Lease:       cfg.Lease,
 		DenyAddrs:   deny,
 		// One sandbox per session: the session cap is the sandbox cap.
 		MaxSandboxes: cfg.HTTP.MaxSessions,
