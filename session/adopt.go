@@ -157,7 +157,11 @@ func (s *Sandbox) record(inst *instance) {
 	rec := Record{Sandbox: s.id, Owner: s.owner, Created: s.created(), Container: inst.box.Name(), Token: inst.token}
 	s.mu.Lock()
 	rec.Generation = s.gen
+	closed := s.closed
 	s.mu.Unlock()
+	if closed {
+		return // ended meanwhile: its record is gone and stays gone
+	}
 	if latest, ok := s.snaps().Latest(s.id); ok {
 		rec.Snapshot = latest.ID
 	}
