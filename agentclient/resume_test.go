@@ -132,15 +132,6 @@ func TestResumeTakesOverARunningAgent(t *testing.T) {
 	raw.Close() // the old server is gone; the agent's stdin stays open
 	old.Fail(ErrRemoved)
 
-	// A server without the token gets no answer.
-	r2, w2, raw2 := e.attach()
-	wrong, cancel := context.WithTimeout(ctx, agentproto.ResumeQuiet+time.Second)
-	_, _, err = Resume(wrong, r2, w2, raw2, NewToken(), time.Minute, agentproto.ResumeQuiet, testLogger(t))
-	cancel()
-	if err == nil {
-		t.Fatal("a server with another token took the agent over")
-	}
-
 	r3, w3, raw3 := e.attach()
 	start := time.Now()
 	c, res, err := Resume(ctx, r3, w3, raw3, token, time.Minute, agentproto.ResumeQuiet, testLogger(t))
@@ -160,5 +151,24 @@ func TestResumeTakesOverARunningAgent(t *testing.T) {
 	}
 	if _, err := c.WriteFile(ctx, "new.txt", strings.NewReader("new"), 3, false, 0o644); err != nil {
 		t.Fatalf("a write on the new connection: %v", err)
+	}
+	raw3.Close()
+	c.Fail(ErrRemoved)
+
+	// A server without the token gets no answer; the one with it does.
+	r4, w4, raw4 := e.attach()
+	wrong, cancel := context.WithTimeout(ctx, time.Second)
+	_, _, err = Resume(wrong, r4, w4, raw4, NewToken(), time.Minute, 0, testLogger(t))
+	cancel()
+	if err == nil {
+		t.Fatal("a server with another token took the agent over")
+	}
+	r5, w5, raw5 := e.attach()
+	c, _, err = Resume(ctx, r5, w5, raw5, token, time.Minute, 0, testLogger(t))
+	if err != nil {
+		t.Fatalf("resume after a wrong token: %v", err)
+	}
+	if got, err := c.ReadFile(ctx, "new.txt", 0, 0, 100); err != nil || string(got.Data) != "new" {
+		t.Fatalf("after the second resume: %q %v", got.Data, err)
 	}
 }
