@@ -70,6 +70,16 @@ type server struct {
 	lastFrame atomic.Int64 // unix nanos of the last frame received
 	leaseTTL  atomic.Int64 // nanos; 0 = no lease
 	wg        sync.WaitGroup
+
+	// in reads the server's frames (see input): with the lease's token it
+	// survives a server that is gone and resynchronises with the next.
+	in *input
+	// resynced is set by a resync marker: the next frame is a new
+	// server's KindResume. Only the dispatch loop touches it.
+	resynced bool
+	// hello is what the agent said of itself, said again to a server
+	// that resumes.
+	hello agentproto.Hello
 }
 
 // call is a request in flight.
@@ -134,12 +144,13 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 
 	r, e, sv := unix.Getresuid()
 	rg, eg, sg := unix.Getresgid()
-	if err := s.send(0, agentproto.KindHello, agentproto.Hello{
+	s.hello = agentproto.Hello{
 		Version: agentproto.Version, Agent: "sandbox-agent " + Version(), PID: os.Getpid(), UID: e, Workspace: opts.Workspace,
 		UIDs: [3]int{r, e, sv}, GIDs: [3]int{rg, eg, sg},
 		CommandUID: opts.User.UID, CommandGID: opts.User.GID,
 		CommandGroups: [2]uint32{groups.first, groups.count},
-	}, nil); err != nil {
+	}
+	if err := s.send(0, agentproto.KindHello, s.hello, nil); err != nil {
 		return fmt.Errorf("agent: send hello: %w", err)
 	}
 
@@ -150,11 +161,10 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 
 	frames := make(chan agentproto.Frame)
 	readErr := make(chan error, 1)
+	s.in = newInput(in, agentproto.FrameStall, log)
 	go func() {
-		r := agentproto.NewReader(in)
-		r.MaxHeader = agentproto.MaxRequestHeader
 		for {
-			f, err := r.Read()
+			f, err := s.in.next()
 			if err != nil {
 				readErr <- err
 				return
@@ -244,11 +254,29 @@ func (s *server) sendError(id uint64, err error) {
 }
 
 func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
+	resynced := s.resynced
+	s.resynced = false
 	switch f.Kind {
+	case kindResynced:
+		s.resynced = true
+	case agentproto.KindResume:
+		if !resynced || f.ID != 0 {
+			s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "a resume must come right after a resync marker, on id 0"))
+			return
+		}
+		var r agentproto.Resume
+		if err := f.Decode(&r); err != nil {
+			s.sendError(f.ID, errcode.Errorf(errcode.InvalidArgument, "%w", err))
+			return
+		}
+		s.resume(r)
 	case agentproto.KindLease:
 		var l agentproto.Lease
 		if err := f.Decode(&l); err == nil && l.TTLMillis >= 0 {
 			s.leaseTTL.Store(int64(time.Duration(l.TTLMillis) * time.Millisecond))
+			if l.Token != "" {
+				s.in.setToken(l.Token)
+			}
 		}
 	case agentproto.KindPing:
 		if err := s.send(f.ID, agentproto.KindPong, nil, nil); err != nil {

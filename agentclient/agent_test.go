@@ -64,7 +64,7 @@ func realAgentConn(t *testing.T, lease time.Duration) (*Conn, *realAgent) {
 			t.Error("the agent did not return after its stream closed")
 		}
 	})
-	c, err := New(ctxFor(t), outR, inW, ra.raw, lease, testLogger(t))
+	c, err := New(ctxFor(t), outR, inW, ra.raw, lease, "", testLogger(t))
 	if err != nil {
 		t.Fatalf("newConn with the real agent: %v", err)
 	}

@@ -60,7 +60,11 @@ var agentKinds = map[agentproto.Kind]bool{
 // nothing else, w takes the server's frames, and closing raw ends both (and
 // with them the agent). It waits until ctx ends for the agent's hello, checks
 // it, and sends the lease. On any failure raw is closed.
-func New(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, log *slog.Logger) (*Conn, error) {
+//
+// token, if not empty, is given to the agent with the lease: with it a
+// later server can take the agent over (Resume) after this one is gone,
+// and the agent outlives a stream that breaks inside a frame.
+func New(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, token string, log *slog.Logger) (*Conn, error) {
 	c := &Conn{
 		log:   log,
 		raw:   raw,
@@ -91,7 +95,7 @@ func New(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease tim
 		raw.Close()
 		return nil, err
 	}
-	if err := c.send(0, agentproto.KindLease, agentproto.Lease{TTLMillis: lease.Milliseconds()}, nil); err != nil {
+	if err := c.send(0, agentproto.KindLease, agentproto.Lease{TTLMillis: lease.Milliseconds(), Token: token}, nil); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("sending the lease: %w", err)
 	}

@@ -59,7 +59,7 @@ func pipeConn(t *testing.T, ctx context.Context, script func(a *agentEnd)) (*Con
 			t.Error("the agent's script did not return after the stream closed")
 		}
 	})
-	c, err := New(ctx, outR, inW, raw, time.Minute, testLogger(t))
+	c, err := New(ctx, outR, inW, raw, time.Minute, "", testLogger(t))
 	return c, a, err
 }
 
@@ -644,7 +644,7 @@ func TestConnWriteErrorEndsTheConnection(t *testing.T) {
 		return nil
 	})
 	defer raw.Close()
-	c, err := New(ctxFor(t), outR, inW, raw, time.Minute, testLogger(t))
+	c, err := New(ctxFor(t), outR, inW, raw, time.Minute, "", testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

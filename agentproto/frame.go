@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -81,7 +82,103 @@ import (
 //     in SetupResult.Env): a backend that must keep it out of its instance
 //     definition (a pod spec) sends it here; an agent without it answers
 //     0 and the server stops the start.
-const Version = 4
+//   - 5 (2026-12-02): a server that lost its connection may take over the
+//     running agent again (a server started again after a crash, over a
+//     new attach to the same container). The lease may carry a token
+//     (Lease.Token); with one, the agent outlives a broken stream: a frame
+//     it cannot read, or one that stalls half-read for FrameStall, sends it
+//     scanning for the resync marker (ResyncMarker(token)), and a marker
+//     at a frame boundary is always accepted. After the marker comes
+//     KindResume: the agent detaches the old connection's foreground
+//     execs (they run on as jobs), cancels its other requests, and answers
+//     with the reply marker (ResyncReply(nonce)) and KindResumed (its hello
+//     and its jobs). A version 4 agent would read the marker as an
+//     oversized frame and end.
+const Version = 5
+
+// FrameStall is how long the agent waits for the rest of a frame it has
+// begun to read before it takes the frame for the last, cut one of a
+// server that is gone, drops it and scans for a resync marker (only once
+// a lease gave it a token). A server writes each frame with one write, so
+// a live server's frame does not stall; a server that resumes waits
+// ResumeQuiet before its first byte so that such a cut frame has been
+// dropped and none of its bytes complete it.
+const FrameStall = 2 * time.Second
+
+// ResumeQuiet is how long a server that takes over a running agent stays
+// silent on its new stream before the resync marker: FrameStall and a
+// margin.
+const ResumeQuiet = FrameStall + 500*time.Millisecond
+
+// markerPrefix begins both resync markers: a frame header of two sizes no
+// frame may have, so that at a frame boundary the marker can never be read
+// as a frame, and a reader knows it at its first 8 bytes.
+var markerPrefix = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// ResyncMarker is what a server writes before KindResume on a stream whose
+// earlier bytes came from another server: the marker prefix, then the
+// lease's token. The agent accepts no marker without the token, so model
+// content travelling in payloads (a file written, a job's stdin) can never
+// be taken for one.
+func ResyncMarker(token string) []byte {
+	return append(append(append([]byte(nil), markerPrefix...), "sandbox-mcp resync "+token...), '\n')
+}
+
+// ResyncReply is what the agent writes, at a frame boundary, before
+// KindResumed: the marker prefix and the nonce of the KindResume it
+// answers. The server drops what it reads before it: the rest of frames
+// the agent wrote for the old connection. Sandboxed code cannot know the
+// nonce, so its output cannot forge the reply.
+func ResyncReply(nonce string) []byte {
+	return append(append(append([]byte(nil), markerPrefix...), "sandbox-mcp resumed "+nonce...), '\n')
+}
+
+// IsMarkerStart reports whether the 8 bytes at a frame boundary begin a
+// resync marker rather than a frame.
+func IsMarkerStart(sizes []byte) bool { return bytes.Equal(sizes, markerPrefix) }
+
+// ErrMarkerNotFound is SkipPast's error when max bytes passed without the
+// marker.
+var ErrMarkerNotFound = errors.New("agentproto: resync marker not found")
+
+// SkipPast reads br until marker has been read whole, dropping what came
+// before it, at most max bytes in all (ErrMarkerNotFound past them).
+func SkipPast(br *bufio.Reader, marker []byte, max int64) error {
+	if !bytes.HasPrefix(marker, markerPrefix) || len(marker) == len(markerPrefix) {
+		return errors.New("agentproto: not a resync marker")
+	}
+	// The rest of a marker holds no 0xff, so a match is a run of at
+	// least eight 0xff followed by the rest.
+	rest := marker[len(markerPrefix):]
+	ff, j := 0, -1
+	for n := int64(0); n < max; n++ {
+		b, err := br.ReadByte()
+		if err != nil {
+			return err
+		}
+		if j >= 0 {
+			if b == rest[j] {
+				if j++; j == len(rest) {
+					return nil
+				}
+				continue
+			}
+			j, ff = -1, 0
+		}
+		switch {
+		case b == 0xff:
+			ff = min(ff+1, len(markerPrefix))
+		case ff == len(markerPrefix) && b == rest[0]:
+			if len(rest) == 1 {
+				return nil
+			}
+			j, ff = 1, 0
+		default:
+			ff = 0
+		}
+	}
+	return ErrMarkerNotFound
+}
 
 // Limits on a single frame. A peer that sends more is broken or hostile, and
 // the connection ends; a Writer refuses to send more, before writing a byte.
@@ -114,6 +211,13 @@ const (
 	KindPing Kind = "ping"
 	// KindPong A→S: no body.
 	KindPong Kind = "pong"
+	// KindResume S→A, id 0: body Resume. Sent right after ResyncMarker by
+	// a server that takes over a running agent; answered by
+	// ResyncReply(nonce) and KindResumed.
+	KindResume Kind = "resume"
+	// KindResumed A→S, id 0: body Resumed. The first frame after the
+	// reply marker.
+	KindResumed Kind = "resumed"
 
 	// KindExec S→A: body ExecRequest. If Stdin is true, data frames and one
 	// eof frame follow. Answered by stdout/stderr frames, then KindExit or
@@ -308,6 +412,14 @@ func (w *Writer) write(h Header, body any, payload []byte) error {
 	return w.w.Flush()
 }
 
+// WriteRaw writes b as it is (a resync marker) and flushes.
+func (w *Writer) WriteRaw(b []byte) error {
+	if _, err := w.w.Write(b); err != nil {
+		return err
+	}
+	return w.w.Flush()
+}
+
 // Reader decodes frames from a stream.
 type Reader struct {
 	// MaxHeader is the largest header accepted: MaxHeader unless set (the
@@ -322,6 +434,11 @@ func NewReader(r io.Reader) *Reader {
 	return &Reader{MaxHeader: MaxHeader, r: bufio.NewReaderSize(r, 64<<10)}
 }
 
+// SkipPast drops what the stream holds up to and including marker (see
+// the package function SkipPast): a server that resumes reads the agent's
+// frames from the reply marker on.
+func (r *Reader) SkipPast(marker []byte, max int64) error { return SkipPast(r.r, marker, max) }
+
 // Read decodes the next frame. It returns io.EOF at a clean end of stream,
 // io.ErrUnexpectedEOF for a stream cut inside a frame, ErrFrameTooLarge for
 // oversized frames (before reading or allocating their bytes), and an error
@@ -332,18 +449,35 @@ func (r *Reader) Read() (Frame, error) {
 	if _, err := io.ReadFull(r.r, sizes[:]); err != nil {
 		return Frame{}, err
 	}
-	hl := binary.BigEndian.Uint32(sizes[0:4])
-	pl := binary.BigEndian.Uint32(sizes[4:8])
-	if hl == 0 || hl > uint32(r.MaxHeader) || pl > MaxPayload {
-		return Frame{}, ErrFrameTooLarge
+	hl, pl, err := FrameSizes(sizes[:], r.MaxHeader)
+	if err != nil {
+		return Frame{}, err
 	}
-	buf := make([]byte, int(hl)+int(pl))
+	buf := make([]byte, hl+pl)
 	if _, err := io.ReadFull(r.r, buf); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 		return Frame{}, err
 	}
+	return DecodeFrame(buf, hl)
+}
+
+// FrameSizes checks the 8 size bytes that begin a frame against the
+// limits (maxHeader for the header) and returns the header's and the
+// payload's lengths, or ErrFrameTooLarge.
+func FrameSizes(sizes []byte, maxHeader int) (header, payload int, err error) {
+	hl := binary.BigEndian.Uint32(sizes[0:4])
+	pl := binary.BigEndian.Uint32(sizes[4:8])
+	if hl == 0 || hl > uint32(maxHeader) || pl > MaxPayload {
+		return 0, 0, ErrFrameTooLarge
+	}
+	return int(hl), int(pl), nil
+}
+
+// DecodeFrame decodes a frame's bytes after its sizes: hl bytes of header,
+// then the payload.
+func DecodeFrame(buf []byte, hl int) (Frame, error) {
 	var f Frame
 	if err := json.Unmarshal(buf[:hl], &f.Header); err != nil {
 		return Frame{}, fmt.Errorf("%w: %w", ErrBadHeader, err)
@@ -351,7 +485,7 @@ func (r *Reader) Read() (Frame, error) {
 	if f.Kind == "" {
 		return Frame{}, fmt.Errorf("%w: no kind", ErrBadHeader)
 	}
-	if pl > 0 {
+	if len(buf) > hl {
 		f.Payload = buf[hl:]
 	}
 	return f, nil

@@ -1,6 +1,7 @@
 package agentproto
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -134,5 +135,55 @@ func TestRequestTimeoutRoundTrip(t *testing.T) {
 	}
 	if h := (Header{TimeoutMillis: 1 << 62}); h.Timeout() <= 0 {
 		t.Fatalf("a huge timeout reads as %v", h.Timeout())
+	}
+}
+
+// TestResyncMarkers: the markers begin with sizes no frame may have, and
+// SkipPast finds one after any bytes (a cut frame, runs of 0xff included),
+// and only the one with the right token or nonce.
+func TestResyncMarkers(t *testing.T) {
+	m := ResyncMarker("tok")
+	if string(m) != "\xff\xff\xff\xff\xff\xff\xff\xffsandbox-mcp resync tok\n" {
+		t.Fatalf("marker %q", m)
+	}
+	if string(ResyncReply("n1")) != "\xff\xff\xff\xff\xff\xff\xff\xffsandbox-mcp resumed n1\n" {
+		t.Fatalf("reply %q", ResyncReply("n1"))
+	}
+	if !IsMarkerStart(m[:8]) {
+		t.Fatal("the marker's start is not recognised")
+	}
+	// At a frame boundary a reader that knows no marker refuses it as a
+	// frame: a version 4 peer ends instead of misreading it.
+	if _, err := NewReader(bytes.NewReader(m)).Read(); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("a marker read as a frame: %v", err)
+	}
+	var after bytes.Buffer
+	w := NewWriter(&after)
+	if err := w.Write(0, KindResume, Resume{Nonce: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, before := range []string{
+		"",
+		"half a frame \x00\x00\x01",
+		"\xff\xff\xff", // a short run of 0xff
+		"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",               // a longer one
+		"\xff\xff\xff\xff\xff\xff\xff\xffsandbox-mcp resync other\n", // another token
+		"\xff\xff\xff\xff\xff\xff\xff\xffsandbox-mcp resync to",      // a cut one
+	} {
+		in := bufio.NewReader(bytes.NewReader(append(append([]byte(before), m...), after.Bytes()...)))
+		if err := SkipPast(in, m, 1<<20); err != nil {
+			t.Fatalf("after %q: %v", before, err)
+		}
+		r := &Reader{MaxHeader: MaxHeader, r: in}
+		f, err := r.Read()
+		if err != nil || f.Kind != KindResume {
+			t.Fatalf("after %q the next frame is %v, %v", before, f.Kind, err)
+		}
+	}
+	if err := SkipPast(bufio.NewReader(bytes.NewReader(ResyncMarker("other"))), m, 1<<20); err != io.EOF {
+		t.Fatalf("a marker with another token was taken: %v", err)
+	}
+	if err := SkipPast(bufio.NewReader(bytes.NewReader(make([]byte, 100))), m, 50); !errors.Is(err, ErrMarkerNotFound) {
+		t.Fatalf("past max: %v", err)
 	}
 }

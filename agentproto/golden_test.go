@@ -24,7 +24,17 @@ var samples = map[string]any{
 		UIDs: [3]int{0, 1000, 0}, GIDs: [3]int{0, 1000, 0}, CommandUID: 1000, CommandGID: 1000,
 		CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
 	},
-	"lease":         Lease{TTLMillis: 60_000},
+	"lease":  Lease{TTLMillis: 60_000, Token: "5f0c2a9e7b1d4c3a8e6f0b2d4c6a8e0f5f0c2a9e7b1d4c3a8e6f0b2d4c6a8e0f"},
+	"resume": Resume{Nonce: "9d2f4b6a8c0e1f3a"},
+	"resumed": Resumed{
+		Hello: Hello{
+			Version: Version, Agent: "sandbox-agent v1.2.3", PID: 7, UID: 1000, Workspace: "/workspace",
+			UIDs: [3]int{0, 1000, 0}, GIDs: [3]int{0, 1000, 0}, CommandUID: 1000, CommandGID: 1000,
+			CommandGroups: [2]uint32{2_000_000_000, 1 << 30},
+		},
+		Jobs:        []JobStatus{{Job: 4, Label: "sleep 9", State: JobRunning}},
+		LeaseMillis: 60_000, Detached: 1, Cancelled: 2,
+	},
 	"setup_request": SetupRequest{CACerts: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", Env: []string{"HTTPS_PROXY=http://sbx:TOKEN@10.0.0.1:3128"}},
 	"setup_result":  SetupResult{CABundle: CABundlePath, SystemRoots: "/etc/ssl/certs/ca-certificates.crt", Env: 1},
 	"exec_request": ExecRequest{
@@ -78,7 +88,7 @@ var samples = map[string]any{
 	"header":           Header{ID: 3, Kind: KindRead, TimeoutMillis: 60_000, Body: json.RawMessage(`{"path":"a"}`)},
 	// The kinds are the wire's vocabulary too.
 	"kinds": []Kind{
-		KindHello, KindLease, KindPing, KindPong, KindExec, KindStdout, KindStderr, KindExit,
+		KindHello, KindLease, KindPing, KindPong, KindResume, KindResumed, KindExec, KindStdout, KindStderr, KindExit,
 		KindJob, KindJobs, KindRead, KindWrite, KindEdit, KindDelete, KindMove, KindList, KindResolve, KindSnapshot, KindRestore, KindSetup,
 		KindData, KindEOF, KindCancel, KindDetach, KindResult, KindError,
 	},

@@ -32,6 +32,33 @@ type Lease struct {
 	// TTLMillis is the lease: with no frame from the server for this long,
 	// the agent ends itself (and with it the container). 0 means no lease.
 	TTLMillis int64 `json:"ttl_ms"`
+	// Token, when set, lets a later server take over this agent: the
+	// agent accepts a resync marker (ResyncMarker) only with it. The
+	// server keeps it in its records, never anywhere the sandbox sees.
+	// Empty means the agent ends at the first frame it cannot read, as
+	// before version 5.
+	Token string `json:"token,omitempty"`
+}
+
+// Resume is KindResume's body.
+type Resume struct {
+	// Nonce is echoed in the reply marker (ResyncReply), so that the
+	// server knows where the agent's answer begins.
+	Nonce string `json:"nonce"`
+}
+
+// Resumed is KindResumed's body: what a server taking over the agent
+// needs to know of it.
+type Resumed struct {
+	Hello Hello `json:"hello"`
+	// Jobs are the jobs the agent keeps, running or not.
+	Jobs []JobStatus `json:"jobs"`
+	// LeaseMillis is the lease the agent holds now (0: none).
+	LeaseMillis int64 `json:"lease_ms"`
+	// Detached and Cancelled count the old connection's requests the
+	// agent turned into jobs (foreground execs) and stopped.
+	Detached  int `json:"detached"`
+	Cancelled int `json:"cancelled"`
 }
 
 // SetupRequest prepares the container before any command runs.

@@ -28,6 +28,11 @@ type instance struct {
 	quiet chan struct{}
 	// shell is the shell command strings run through, once looked up.
 	shell atomic.Pointer[[2]string]
+	// token lets a later server take the agent over (agentproto.Lease);
+	// "" when the server keeps no records.
+	token string
+	// recorded is set once the sandbox's record names this instance.
+	recorded atomic.Bool
 }
 
 // startInstance starts instance number gen of the sandbox with the given id,
@@ -78,7 +83,12 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int, tp
 	}
 	inst.box = box
 	log := m.log.With("sandbox", sandbox, "container", box.Name())
-	c, err := agentclient.New(ctx, box.Stdout(), box.Stdin(), box.Stdin(), m.opts.Lease, log)
+	if m.opts.Slot != nil {
+		// A server that keeps records can take this agent back after a
+		// crash (see adopt.go); the token proves it to the agent.
+		inst.token = agentclient.NewToken()
+	}
+	c, err := agentclient.New(ctx, box.Stdout(), box.Stdin(), box.Stdin(), m.opts.Lease, inst.token, log)
 	if err != nil {
 		return inst, errcode.Errorf(errcode.Unavailable, "the sandbox's agent did not start: %w (agent output: %s)", err, box.StderrTail())
 	}

@@ -51,6 +51,11 @@ type Options struct {
 	Env []string
 	// StateDir holds snapshots and the server's records. Required.
 	StateDir string
+	// Slot is this server's slot of StateDir (OpenSlot), which holds the
+	// records of its sandboxes; the caller holds it for the Manager's
+	// life and closes it after Close. nil keeps no records (doctor,
+	// prepare, tests): nothing then outlives the process.
+	Slot *Slot
 	// Retention bounds the snapshots kept in StateDir. Its
 	// MaxSnapshotBytes is set from Policy (the workspace's stream limit).
 	Retention snapshot.Retention
@@ -143,6 +148,10 @@ type Manager struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup // background work: removals, reaper, pings
 	removals removals       // removals in the background; under mu
+
+	// records are the sandboxes' records in the server's state slot
+	// (adopt.go); nil without Options.Slot.
+	records *Records
 
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
@@ -257,6 +266,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		removals:  removals{ended: make(chan struct{})},
 		byKey:     make(map[string]*Sandbox),
 		byID:      make(map[string]*Sandbox),
+	}
+	if err := m.adopt(); err != nil {
+		cancel()
+		return nil, closeSeed(sd, err)
 	}
 	m.prep = &preparation{run: m.prepare, log: m.log, ctx: mctx, wg: &m.wg, logEvery: prepareLogEvery}
 	m.prep.mu.Lock()

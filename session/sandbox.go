@@ -54,6 +54,7 @@ type Sandbox struct {
 
 	closeOnce sync.Once
 
+
 	mu     sync.Mutex
 	busy   *transition // a start or an idle save under way, or nil
 	cur    *instance
@@ -158,6 +159,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		if err := s.cur.conn.Err(); err == nil {
 			inst := s.cur
 			s.mu.Unlock()
+			s.record(inst)
 			return inst, nil
 		} else {
 			old = s.cur
@@ -214,6 +216,7 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		s.mu.Unlock()
 		return nil, err
 	}
+	s.record(inst)
 	return inst, nil
 }
 
@@ -522,6 +525,7 @@ func (s *Sandbox) close() {
 		if s.clearShape != nil {
 			s.clearShape()
 		}
+		s.forget()
 		s.m.log.Info("sandbox removed", "sandbox", s.id)
 	})
 }

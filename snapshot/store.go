@@ -106,6 +106,12 @@ type flight struct {
 	written  int64 // room granted so far (the bytes in its file)
 }
 
+// staleIncoming is how long a snapshot file being written may go
+// untouched before a store opening the directory takes it for the leftover
+// of a server that died: several servers share one state directory, and a
+// snapshot's write is bounded by 10 minutes.
+const staleIncoming = 30 * time.Minute
+
 var idPattern = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
 
 // ValidID reports whether id has the form the store hands out. Ids
@@ -122,7 +128,12 @@ func OpenStore(dir string, ret Retention) (*Store, error) {
 	if names, err := os.ReadDir(dir); err == nil {
 		for _, e := range names {
 			if strings.HasPrefix(e.Name(), ".incoming-") || strings.HasSuffix(e.Name(), ".json.tmp") {
-				os.Remove(filepath.Join(dir, e.Name()))
+				// Another server sharing the directory may be writing
+				// it now: only what nobody touched for longer than any
+				// snapshot takes is left over.
+				if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleIncoming {
+					os.Remove(filepath.Join(dir, e.Name()))
+				}
 			}
 		}
 	}

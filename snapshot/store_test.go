@@ -436,3 +436,29 @@ func wantCode(t *testing.T, err error, code errcode.Code) *errcode.Error {
 	}
 	return e
 }
+
+// TestOpenStoreSparesAnotherServersSnapshotInFlight: servers share the
+// state directory, so a store opening it removes only the incoming files
+// nobody has touched for a long time, never one another server writes now.
+func TestOpenStoreSparesAnotherServersSnapshotInFlight(t *testing.T) {
+	dir := t.TempDir()
+	fresh, old := filepath.Join(dir, ".incoming-fresh"), filepath.Join(dir, ".incoming-old")
+	for _, p := range []string{fresh, old} {
+		if err := os.WriteFile(p, []byte("tar"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenStore(dir, Retention{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Fatalf("a snapshot being written was removed: %v", err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Fatalf("a leftover of an hour ago was kept: %v", err)
+	}
+}

@@ -54,11 +54,17 @@ type Config struct {
 	Env []string
 	// StateDir holds snapshots and records.
 	StateDir string
+	// StateSlot pins the slot of StateDir this server takes
+	// (session.OpenSlot); session.AnySlot takes the first free one.
+	StateSlot int
 	// IdleTimeout removes a sandbox unused this long.
 	IdleTimeout time.Duration
 	// MaxSandboxLifetime ends a sandbox made by sandbox_create this long
 	// after it was made, its workspace saved first (0: never).
 	MaxSandboxLifetime time.Duration
+	// Lease is how long a sandbox's agent lives without hearing from the
+	// server (session.Options.Lease).
+	Lease time.Duration
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
 	// SeccompProfileFile names a seccomp profile (JSON) for sandboxes in
@@ -149,8 +155,10 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&secretSpecList{v: &cfg.SecretSpecs, f: f}, "secret", "`NAME@HOST[,HOST...][:header=FIELD][:url]`, repeatable (several joined by ';' in the environment variable): sandboxes get NAME set to a placeholder, and the egress proxy puts the value of this server's own variable NAME in its place into the Authorization header (and the FIELD headers; the path and query only with :url) of requests to those hosts; needs --network=allowlist with each host on --allow-host")
 	fs.Var(&f.env, "env", "`NAME=VALUE` or NAME (take this server's value), repeatable: variables every sandbox gets")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "`dir`ectory for snapshots and records")
+	fs.IntVar(&cfg.StateSlot, "state-slot", cfg.StateSlot, "the `slot` of --state-dir whose sandbox records this server takes (0 to 63; a slot is one running server's, held by a lock): -1 takes the first free one, which after a crash is the one the server had (see docs/restart.md)")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
 	fs.DurationVar(&cfg.MaxSandboxLifetime, "max-sandbox-lifetime", cfg.MaxSandboxLifetime, "end a sandbox made by sandbox_create this long after it was made, its workspace saved as a snapshot first (0: never)")
+	fs.DurationVar(&cfg.Lease, "lease", cfg.Lease, "how long a sandbox outlives a server that is gone (killed, crashed) without a word: a server started again on the same --state-dir within it takes the sandbox back, jobs included; past it the sandbox ends itself (at least 4s)")
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
 	fs.StringVar(&cfg.SeccompProfileFile, "seccomp-profile", cfg.SeccompProfileFile, "seccomp profile `file` (JSON) for sandboxes in place of the engine's default, e.g. examples/seccomp-no-io_uring.json")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")
@@ -168,7 +176,9 @@ func defaultConfig(getenv func(string) string) Config {
 		AgentBin:    defaultAgentBin(),
 		AgentMount:  docker.AgentMountAuto,
 		StateDir:    defaultStateDir(getenv),
+		StateSlot:   session.AnySlot,
 		IdleTimeout: 15 * time.Minute,
+		Lease:       session.DefaultLease,
 		NetworkPool: docker.DefaultNetworkPool,
 		Retention:   snapshot.Retention{MaxCount: DefaultSnapshotMaxCount, MaxBytes: DefaultSnapshotMaxBytes, MaxAge: DefaultSnapshotMaxAge},
 		LogLevel:    "info",
@@ -345,6 +355,9 @@ func (c Config) Validate() error {
 	if c.Image == "" {
 		errs = append(errs, errors.New("--image is empty"))
 	}
+	if c.StateSlot < session.AnySlot || c.StateSlot >= session.MaxSlots {
+		errs = append(errs, fmt.Errorf("--state-slot %d is out of range: give 0 to %d, or -1 for the first free one", c.StateSlot, session.MaxSlots-1))
+	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty and no default was found (set HOME or XDG_STATE_HOME)"))
 	}
@@ -378,6 +391,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxSandboxLifetime < 0 {
 		errs = append(errs, errors.New("--max-sandbox-lifetime must not be negative (0: never)"))
+	}
+	if c.Lease < 4*time.Second {
+		errs = append(errs, fmt.Errorf("--lease %s is too short: give at least 4s (a server that takes a sandbox back is silent for 2.5s first)", c.Lease))
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, errors.New("--idle-timeout must not be negative"))

@@ -65,7 +65,7 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 
 	rc.Timeout = 0
 	start := time.Now()
-	m, release, err := newManager(ctx, cfg, quiet, nil)
+	m, release, err := newManager(ctx, cfg, quiet, nil, false)
 	if err != nil {
 		r.fail("sandbox backend: %v", err)
 		return

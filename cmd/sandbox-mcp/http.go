@@ -65,7 +65,7 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 	}
 
 	// No tunnel may lead back to this listener.
-	m, release, err := newManager(ctx, cfg, log, auditLog, addr.AddrPort())
+	m, release, err := newManager(ctx, cfg, log, auditLog, true, addr.AddrPort())
 	if err != nil {
 		return err
 	}

@@ -173,11 +173,18 @@ func buildVersion() string {
 // in the background (see session.NewManager).
 // deny lists addresses the egress proxy must never reach (the MCP HTTP
 // listener); auditLog, if not nil, gets a record per proxy decision.
-func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, deny ...netip.AddrPort) (*session.Manager, func(), error) {
+//
+// A server (stdio or HTTP) takes a slot of the state directory
+// (session.OpenSlot) for the records of its sandboxes, with which a server
+// started again after a crash re-adopts them; withSlot is false for the
+// commands that only prepare or check (they own no sandbox).
+func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audit.Log, withSlot bool, deny ...netip.AddrPort) (*session.Manager, func(), error) {
 	var (
 		be      backend.Backend
 		kb      *kube.Backend
 		release func()
+		slotOpt *session.Slot
+		m       *session.Manager
 	)
 	instance := newInstanceID()
 	if cfg.Kube.Backend == BackendKubernetes {
@@ -210,13 +217,26 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		be = dk
 		release = func() { cli.Close() }
 	}
+	if withSlot {
+		slot, err := session.OpenSlot(cfg.StateDir, cfg.StateSlot)
+		if err != nil {
+			release()
+			return nil, nil, err
+		}
+		log.Info("state slot taken", "slot", slot.Number(), "dir", slot.Dir())
+		beRelease := release
+		release = func() { beRelease(); slot.Close() }
+		slotOpt = slot
+	}
 	opts := session.Options{
+		Slot:        slotOpt,
 		Backend:     be,
 		Instance:    instance,
 		Policy:      cfg.Policy,
 		Env:         cfg.Env,
 		StateDir:    cfg.StateDir,
 		IdleTimeout: cfg.IdleTimeout,
+		Lease:       cfg.Lease,
 		DenyAddrs:   deny,
 		// Counted where sandboxes are made, whatever made them.
 		MaxSandboxes:          cfg.HTTP.MaxSandboxes,
@@ -248,7 +268,7 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		// term, so a dead replica's pods go within two lease terms.
 		opts.SweepEvery = kube.DefaultLeaseDuration
 	}
-	m, err := session.NewManager(ctx, opts)
+	m, err = session.NewManager(ctx, opts)
 	if err != nil {
 		release()
 		return nil, nil, err
@@ -334,7 +354,7 @@ func templateViews(cfg Config, m *session.Manager) []tools.TemplateView {
 func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writer, log *slog.Logger, auditLog *audit.Log) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	m, release, err := newManager(ctx, cfg, log, auditLog)
+	m, release, err := newManager(ctx, cfg, log, auditLog, true)
 	if err != nil {
 		return err
 	}

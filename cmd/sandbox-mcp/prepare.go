@@ -26,7 +26,7 @@ func prepareCmd(ctx context.Context, args []string, stderr io.Writer, getenv fun
 	ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 	defer cancel()
 	start := time.Now()
-	m, release, err := newManager(ctx, cfg, log, nil)
+	m, release, err := newManager(ctx, cfg, log, nil, false)
 	if err != nil {
 		log.Error("sandbox-mcp prepare failed", "err", err)
 		return 1

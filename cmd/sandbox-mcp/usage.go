@@ -18,7 +18,7 @@ var flagGroups = []struct {
 		"config", "exec", "allow-cmd", "read-only", "image", "agent-bin", "agent-mount", "env", "workspace-from",
 		"exec-timeout", "max-exec-timeout", "max-call-wait", "max-file-bytes", "max-output-bytes", "max-image-pixels",
 		"max-job-output-bytes", "max-workspace-bytes", "memory", "cpus", "pids", "max-jobs",
-		"idle-timeout", "max-sandbox-lifetime", "warm", "runtime", "seccomp-profile",
+		"idle-timeout", "max-sandbox-lifetime", "lease", "warm", "runtime", "seccomp-profile",
 	}},
 	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool"}},
 	{"Secrets", []string{"secret"}},
@@ -28,7 +28,7 @@ var flagGroups = []struct {
 		"max-inflight-bytes", "max-session-inflight-bytes",
 	}},
 	{"Snapshots", []string{
-		"state-dir", "snapshot-max-count", "snapshot-max-bytes", "snapshot-max-age",
+		"state-dir", "state-slot", "snapshot-max-count", "snapshot-max-bytes", "snapshot-max-age",
 		"snapshot-max-count-per-caller", "snapshot-max-bytes-per-caller",
 	}},
 	{"Kubernetes", []string{

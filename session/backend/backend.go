@@ -14,6 +14,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"io"
 
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
@@ -169,6 +170,20 @@ type Image interface {
 type ReadOnlySeed interface {
 	SeedReadOnly(digest string, tar func() io.Reader)
 }
+
+// Reattacher is implemented by a backend whose instances outlive the
+// server's stream to them (Docker: the container's stdin stays open past an
+// attach, and the agent lives on its lease): a server started again
+// attaches anew to an instance an earlier server started, by its Name,
+// and resumes the agent's protocol on the new stream
+// (agentclient.Resume). An instance that is gone (or that the backend
+// cannot take over) is ErrGone.
+type Reattacher interface {
+	Reattach(ctx context.Context, name string) (Instance, error)
+}
+
+// ErrGone is Reattach's error for an instance that no longer runs.
+var ErrGone = errors.New("the sandbox's container is gone")
 
 // Leftovers is implemented by a backend that may leave objects behind
 // after a start gave up (an engine that finished a create its client had

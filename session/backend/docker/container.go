@@ -111,9 +111,13 @@ const ResolvConf = "/dev/null"
 // field by field.
 //
 // The container runs the agent (under the engine's init, which reaps orphans)
-// with its stdin open for one attach stream: when that stream closes, stdin
-// closes, the agent exits and the engine removes the container, so a sandbox
-// never outlives the server that holds its stream.
+// with its stdin open past any one attach stream (StdinOnce false): a server
+// that dies (kill -9, a crash) leaves the agent running on its lease, and a
+// server started again attaches anew to the same stdin and takes the agent
+// over (agentproto.KindResume). A server that ends a sandbox on purpose
+// removes its container (closing the attach's stdin does so too, see
+// attachStdin); an agent whose server is gone for good ends itself when its
+// lease runs out, and the engine removes the container (AutoRemove).
 //
 // The init and the agent, which hold the stream, run as root with CAP_SETUID
 // and CAP_SETGID only (ContainerUser, ContainerCapAdd); the agent keeps uid 0
@@ -145,7 +149,7 @@ func ContainerSpec(p ContainerParams) client.ContainerCreateOptions {
 		AttachStdout: true,
 		AttachStderr: true,
 		OpenStdin:    true,
-		StdinOnce:    true,
+		StdinOnce:    false,
 		StopTimeout:  new(1),
 	}
 	host := &container.HostConfig{

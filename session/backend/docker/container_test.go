@@ -50,7 +50,9 @@ func TestContainerSpec(t *testing.T) {
 	check("working dir", c.WorkingDir == "/workspace")
 	check("env is exactly the given list", slices.Equal(c.Env, p.Env))
 	check("labels", c.Labels[LabelSandbox] == "sb-1" && c.Labels[LabelInstance] == "srv-1" && c.Labels[LabelManaged] == "1")
-	check("stdin open for one attach, closed when it ends", c.OpenStdin && c.StdinOnce && c.AttachStdin && c.AttachStdout && c.AttachStderr && !c.Tty)
+	// Stdin outlives an attach: a server that dies leaves the agent on its
+	// lease, for the next server to attach again (docs/restart.md).
+	check("stdin open past an attach", c.OpenStdin && !c.StdinOnce && c.AttachStdin && c.AttachStdout && c.AttachStderr && !c.Tty)
 	check("no tty", !c.Tty)
 
 	check("read-only rootfs", h.ReadonlyRootfs)

@@ -594,7 +594,7 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 	if err != nil {
 		return nil, engineError("attach to the sandbox container", err)
 	}
-	c.stdin = att.Conn
+	c.stdin = d.attachStdin(att.Conn, created.ID)
 	if _, err := d.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		return nil, engineError("start the sandbox container", err)
 	}
