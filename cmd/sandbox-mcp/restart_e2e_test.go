@@ -118,3 +118,40 @@ func TestRemovedSandboxComesBackFromItsSnapshot(t *testing.T) {
 		t.Fatalf("after the restore: %v", got)
 	}
 }
+
+// TestKilledServersHandleIsTakenBack: a sandbox made by sandbox_create
+// outlives a server killed with SIGKILL as a handle, not only as an id: the
+// server started again lists it with its label and template in
+// sandbox_status, and its job and files are there.
+func TestKilledServersHandleIsTakenBack(t *testing.T) {
+	state := t.TempDir()
+	args := []string{"--state-dir", state}
+	a := startServer(t, serverOpts{args: args})
+	h := a.ok("sandbox_create", map[string]any{"label": "build"})["sandbox"].(string)
+	job := a.ok("sandbox_exec", map[string]any{"command": "while :; do sleep 0.2; done", "background": true, "sandbox": h})["job"].(string)
+	a.ok("sandbox_write_file", map[string]any{"path": "kept.txt", "content": "made by handle", "sandbox": h})
+	killServer(t, a)
+
+	b := startServer(t, serverOpts{args: args})
+	if r := b.ok("sandbox_read_file", map[string]any{"path": "kept.txt", "sandbox": h}); r["content"] != "made by handle" {
+		t.Fatalf("the handle's file after the restart: %v", r)
+	}
+	res := b.call("sandbox_status", map[string]any{})
+	if res.IsError {
+		t.Fatalf("sandbox_status after the restart: %v", res.Content)
+	}
+	st, _ := res.StructuredContent.(map[string]any)
+	list, _ := st["sandboxes"].([]any)
+	var found map[string]any
+	for _, e := range list {
+		if m, _ := e.(map[string]any); m["sandbox"] == h {
+			found = m
+		}
+	}
+	if found == nil || found["label"] != "build" || found["template"] != "default" {
+		t.Fatalf("sandbox_status after the restart does not list the handle with its label: %v", st)
+	}
+	if r := b.ok("sandbox_job", map[string]any{"job": job, "sandbox": h}); r["state"] != "running" {
+		t.Fatalf("the handle's job after the restart: %v", r)
+	}
+}
