@@ -34,6 +34,7 @@ func All(d *Deps) []Tool {
 		tool(snapshotDef(), wrap(d, NameSnapshot, checkSnapshot, d.snapshot)),
 		tool(restoreDef(), wrap(d, NameRestore, d.checkRestore, d.restore)),
 		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, d.deleteSnapshot)),
+		tool(exposeDef(), wrap(d, NameExpose, d.checkExpose, d.expose)),
 	}
 }
 

@@ -145,7 +145,7 @@ func TestToolsAsData(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	want := []string{NameDelete, NameEditFile, NameExec, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameViewImage, NameWriteFile}
+	want := []string{NameDelete, NameEditFile, NameExec, NameExpose, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameViewImage, NameWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools = %v, want %v", names, want)
 	}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/preview"
 )
 
 // Defaults and limits of the HTTP transport's configuration.
@@ -43,6 +45,13 @@ type HTTPConfig struct {
 	// MaxCallsPerCaller caps the tool calls and resource reads one caller
 	// has in flight at once. 0 means the default, see CallsPerCaller.
 	MaxCallsPerCaller int
+	// PreviewListen is where preview URLs are served when set
+	// (--preview-listen; a host left out is 127.0.0.1); otherwise the
+	// --http listener serves them, and a stdio server serves none.
+	PreviewListen string
+	// PreviewTTL is a preview's life (--preview-ttl); 0 means
+	// preview.DefaultTTL.
+	PreviewTTL time.Duration
 }
 
 // SessionsPerCaller returns the effective --max-sessions-per-caller: as
@@ -89,6 +98,8 @@ func (f *flagSet) addTransportFlags(cfg *Config) {
 	fs.IntVar(&h.MaxSessions, "max-sessions", h.MaxSessions, "MCP sessions (each with its sandbox) served at once over --http; a new session beyond it gets 503")
 	fs.IntVar(&h.MaxSessionsPerCaller, "max-sessions-per-caller", h.MaxSessionsPerCaller, "MCP sessions one caller (one --token) holds at once; a new session beyond it gets 429 (0: a quarter of --max-sessions, at least 1, when --token names several callers; all of --max-sessions otherwise)")
 	fs.IntVar(&h.MaxCallsPerCaller, "max-calls-per-caller", h.MaxCallsPerCaller, "tool calls and resource reads one caller (one --token) has in flight at once over --http; more get BUSY (0: twice --max-sessions-per-caller)")
+	fs.StringVar(&h.PreviewListen, "preview-listen", h.PreviewListen, "serve sandbox_expose's preview URLs on this `addr` (host:port; a host left out is 127.0.0.1) instead of the --http listener; on stdio previews are off unless it is set")
+	fs.DurationVar(&h.PreviewTTL, "preview-ttl", h.PreviewTTL, "how long a preview URL works (0: 1h; at most 24h)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", cfg.AuditLog, "append a JSON line per tool call to this `file` (created with mode 0600)")
 }
 
@@ -124,6 +135,14 @@ func (h HTTPConfig) Validate() error {
 		} else if strings.IndexFunc(t, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
 			errs = append(errs, fmt.Errorf("--token: token %d of %d has a space, a control or a non-ASCII character; use printable ASCII, e.g. the output of `openssl rand -hex 32`", i+1, len(h.Tokens)))
 		}
+	}
+	if h.PreviewListen != "" {
+		if _, _, err := net.SplitHostPort(h.PreviewListen); err != nil {
+			errs = append(errs, fmt.Errorf("--preview-listen %q: want host:port, e.g. 127.0.0.1:8090 (%v)", h.PreviewListen, err))
+		}
+	}
+	if h.PreviewTTL < 0 || h.PreviewTTL > preview.MaxTTL {
+		errs = append(errs, fmt.Errorf("--preview-ttl %s: give 0 (1h) to %s", h.PreviewTTL, preview.MaxTTL))
 	}
 	for _, o := range h.AllowOrigins {
 		if _, err := httpguard.NormalizeOrigin(o); err != nil {

@@ -22,7 +22,7 @@ var flagGroups = []struct {
 	}},
 	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool"}},
 	{"Secrets", []string{"secret"}},
-	{"HTTP serving", []string{"http", "token", "http-allow-host", "allow-origin"}},
+	{"HTTP serving", []string{"http", "token", "http-allow-host", "allow-origin", "preview-listen", "preview-ttl"}},
 	{"Limits for many callers", []string{
 		"max-sessions", "max-sessions-per-caller", "max-calls-per-caller",
 		"max-inflight-bytes", "max-session-inflight-bytes",
