@@ -30,6 +30,11 @@ type PortConn struct {
 	cond *sync.Cond
 	buf  [][]byte
 	held int64 // bytes in buf
+	// unacked counts bytes Read took that the agent has not been told of:
+	// acknowledged in batches (a quarter window, or when buf runs dry) so
+	// a reader taking a few KiB at a time does not cost a frame each way
+	// per read.
+	unacked int64
 	eof  bool  // the agent half-closed: no more data
 	err  error // the stream or the connection failed
 	// credit is how many more bytes may be sent before an ack.
@@ -218,11 +223,16 @@ func (pc *PortConn) Read(b []byte) (int, error) {
 		pc.buf[0] = pc.buf[0][n:]
 	}
 	pc.held -= int64(n)
+	pc.unacked += int64(n)
+	var ack int64
+	if pc.unacked >= agentproto.PortWindow/4 || len(pc.buf) == 0 {
+		ack, pc.unacked = pc.unacked, 0
+	}
 	finished := pc.finished
 	pc.mu.Unlock()
-	if !finished && n > 0 {
+	if !finished && ack > 0 {
 		// The agent may send as many more.
-		_ = pc.c.send(pc.p.id, agentproto.KindPortAck, agentproto.PortAck{Bytes: int64(n)}, nil)
+		_ = pc.c.send(pc.p.id, agentproto.KindPortAck, agentproto.PortAck{Bytes: ack}, nil)
 	}
 	return n, nil
 }
