@@ -118,7 +118,6 @@ func TestHTTPPreview(t *testing.T) {
 		t.Fatal(err)
 	}
 	serveDirs(a)
-	start := time.Now()
 	res := a.call("sandbox_expose", map[string]any{"port": 8000, "wait_ms": 20000})
 	if res.IsError || !strings.Contains(text(res), "/preview/") {
 		t.Fatalf("expose: %s", text(res))
@@ -193,8 +192,12 @@ func TestHTTPPreview(t *testing.T) {
 		t.Fatalf("revoked: %d %q, want %q", code, body, wrong)
 	}
 
-	// Expired: the same 404.
-	time.Sleep(time.Until(start.Add(ttl + time.Second)))
+	// Expired: the same 404. expires_at is in whole seconds.
+	expires, err := time.Parse(time.RFC3339, out["expires_at"].(string))
+	if err != nil || expires.Sub(time.Now()) > ttl {
+		t.Fatalf("expires_at %v: %v", out["expires_at"], err)
+	}
+	time.Sleep(time.Until(expires.Add(2 * time.Second)))
 	if code, body := httpGet(t, u, nil); code != 404 || body != wrong {
 		t.Fatalf("expired: %d %q, want %q", code, body, wrong)
 	}
