@@ -35,8 +35,8 @@ type PortConn struct {
 	// a reader taking a few KiB at a time does not cost a frame each way
 	// per read.
 	unacked int64
-	eof  bool  // the agent half-closed: no more data
-	err  error // the stream or the connection failed
+	eof     bool  // the agent half-closed: no more data
+	err     error // the stream or the connection failed
 	// credit is how many more bytes may be sent before an ack.
 	credit   int64
 	wclosed  bool // CloseWrite sent
