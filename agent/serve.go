@@ -67,6 +67,8 @@ type server struct {
 	root context.Context
 	jobs *jobTable
 
+	ports atomic.Int64 // port streams open
+
 	lastFrame atomic.Int64 // unix nanos of the last frame received
 	leaseTTL  atomic.Int64 // nanos; 0 = no lease
 	wg        sync.WaitGroup
@@ -93,6 +95,8 @@ type call struct {
 	// see agentproto.KindDetach); nil for other requests.
 	detach     chan struct{}
 	detachOnce sync.Once
+	// port is the relay of a port stream; nil for other requests.
+	port *portRelay
 }
 
 // ErrLeaseExpired is why Serve ends when no frame came from the server for
@@ -294,6 +298,18 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		} else {
 			c.in.push(f.Payload)
 		}
+	case agentproto.KindPortData, agentproto.KindPortAck, agentproto.KindPortClose:
+		s.mu.Lock()
+		c := s.calls[f.ID]
+		s.mu.Unlock()
+		if c != nil && c.port != nil {
+			c.port.deliver(f)
+		}
+	case agentproto.KindPortOpen:
+		var req agentproto.PortOpenRequest
+		s.start(ctx, f, &req, func(ctx context.Context, c *call) {
+			s.portOpen(ctx, c, req)
+		})
 	case agentproto.KindCancel:
 		s.mu.Lock()
 		c := s.calls[f.ID]
@@ -454,6 +470,9 @@ func (s *server) start(ctx context.Context, f agentproto.Frame, req any, fn func
 	}
 	if detachable {
 		c.detach = make(chan struct{})
+	}
+	if _, ok := req.(*agentproto.PortOpenRequest); ok {
+		c.port = newPortRelay()
 	}
 	s.mu.Lock()
 	if _, dup := s.calls[f.ID]; dup {

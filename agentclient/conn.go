@@ -47,13 +47,19 @@ type pending struct {
 	id     uint64
 	frames chan agentproto.Frame
 	done   chan struct{} // closed when the caller stops listening
+	// port, for a port stream, takes the stream's frames instead of
+	// frames: it buffers them within the stream's window, so the read loop
+	// never waits for a slow reader.
+	port *PortConn
 }
 
 // agentKinds are the frame kinds an agent may send after hello.
 var agentKinds = map[agentproto.Kind]bool{
 	agentproto.KindPong: true, agentproto.KindStdout: true, agentproto.KindStderr: true,
 	agentproto.KindExit: true, agentproto.KindData: true, agentproto.KindResult: true,
-	agentproto.KindError: true,
+	agentproto.KindError:     true,
+	agentproto.KindPortReady: true, agentproto.KindPortData: true, agentproto.KindPortAck: true,
+	agentproto.KindPortClose: true,
 }
 
 // New takes over the agent's stream: r carries the agent's frames and
@@ -158,6 +164,13 @@ func (c *Conn) readLoop(r *agentproto.Reader) {
 		}
 		if p == nil {
 			continue // a request that already ended: late output is dropped
+		}
+		if p.port != nil {
+			if err := p.port.deliver(f); err != nil {
+				c.Fail(err)
+				return
+			}
+			continue
 		}
 		select {
 		case p.frames <- f:

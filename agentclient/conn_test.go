@@ -176,6 +176,21 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 		_, err := c.Resolve(ctxFor(t), []string{"ls"}, ".")
 		return err
 	}
+	port := func(c *Conn) error {
+		pc, err := c.DialPort(ctxFor(t), 8000, 0)
+		if err != nil {
+			return err
+		}
+		defer pc.Close()
+		// Nothing reads: what the agent sends stays buffered.
+		select {
+		case <-c.Done():
+			return unavailable(c.Err())
+		case <-time.After(10 * time.Second):
+			return nil
+		}
+	}
+	chunk := make([]byte, agentproto.PortChunk)
 	for _, tc := range []struct {
 		name   string
 		call   func(*Conn) error
@@ -280,6 +295,19 @@ func TestHostileAgentEndsTheConnection(t *testing.T) {
 		{"a resolve answered for another number of names", resolve, func(a *agentEnd, req agentproto.Frame) {
 			a.send(req.ID, agentproto.KindResult, agentproto.ResolveResult{Paths: []string{"/bin/ls", "/bin/sh"}}, nil)
 		}, "resolve answered 2 paths for 1 names"},
+		{"port data past the stream's window", port, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindPortReady, nil, nil)
+			for range agentproto.PortWindow/agentproto.PortChunk + 1 {
+				a.send(req.ID, agentproto.KindPortData, nil, chunk)
+			}
+		}, "port stream data past its window"},
+		{"port data before the stream is connected", port, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindPortData, nil, []byte("x"))
+		}, "before a port stream was connected"},
+		{"a port ack for bytes never sent", port, func(a *agentEnd, req agentproto.Frame) {
+			a.send(req.ID, agentproto.KindPortReady, nil, nil)
+			a.send(req.ID, agentproto.KindPortAck, agentproto.PortAck{Bytes: 1}, nil)
+		}, "ack for bytes never sent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, a := hostileConn(t, func(a *agentEnd) {

@@ -19,7 +19,20 @@ type JobResult struct {
 	// NetworkRefused lists what the egress proxy refused the sandbox
 	// since the job started (see ExecResult.NetworkRefused).
 	NetworkRefused []NetworkRefusal
+	// Match is the output line a wait for a pattern matched (without its
+	// newline), and WaitEnd why that wait ended: WaitMatched, WaitJobEnded,
+	// WaitTimedOut or WaitFull. Both are empty for other reads.
+	Match   string
+	WaitEnd string
 }
+
+// Why a wait for a pattern ended (JobResult.WaitEnd).
+const (
+	WaitMatched  = "matched"    // a new line matched
+	WaitJobEnded = "job_ended"  // the job ended first
+	WaitTimedOut = "timed_out"  // the wait passed first
+	WaitFull     = "output_cap" // the output read reached the result's cap first
+)
 
 // JobInfo is one listed job.
 type JobInfo = agentproto.JobStatus

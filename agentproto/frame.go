@@ -94,7 +94,18 @@ import (
 //     with the reply marker (ResyncReply(nonce)) and KindResumed (its hello
 //     and its jobs). A version 4 agent would read the marker as an
 //     oversized frame and end.
-const Version = 5
+//   - 6 (2026-12-02): port streams. KindPortOpen asks the agent to dial
+//     127.0.0.1:PORT inside the sandbox (its network namespace, so it
+//     works with no network at all) and relay bytes both ways over this
+//     connection: KindPortReady, then KindPortData, KindPortAck (flow
+//     control: at most PortWindow bytes un-acknowledged each way) and
+//     KindPortClose (half-close) either way, ended by KindResult with a
+//     PortResult, KindError (NOT_FOUND when nothing listens), or the
+//     server's KindCancel. A version 4 agent answers port_open with an
+//     error and the server could reach no port. (The port_* kinds are
+//     names, not numbers: another branch adding kinds at the same time
+//     cannot collide with them unless it picks the same prefix.)
+const Version = 6
 
 // FrameStall is how long the agent waits for the rest of a frame it has
 // begun to read before it takes the frame for the last, cut one of a
@@ -195,6 +206,18 @@ const (
 	MaxPayload = 1 << 20
 	// ChunkSize is the payload size senders use when they stream bulk data.
 	ChunkSize = 256 << 10
+	// PortChunk bounds the payload of a KindPortData frame.
+	PortChunk = 64 << 10
+	// PortWindow is the flow-control window of a port stream, each way:
+	// the most bytes a sender may have in flight that its peer has not
+	// acknowledged (KindPortAck). It is also all either end buffers for
+	// one direction of one stream, so a reader that does not read (a slow
+	// browser) stops the other end after PortWindow bytes, and the socket
+	// inside the sandbox then pushes back on the program writing to it.
+	PortWindow = 256 << 10
+	// MaxPortStreams bounds the port streams open at once on one
+	// connection; the agent answers BUSY past it.
+	MaxPortStreams = 128
 )
 
 // Kind names what a frame is. Each constant's comment gives the direction
@@ -279,6 +302,28 @@ const (
 	// usual), the agent answers with KindResult and a JobStatus, and the
 	// command runs on as a background job.
 	KindDetach Kind = "detach"
+
+	// KindPortOpen S→A: body PortOpenRequest. The agent dials
+	// 127.0.0.1:Port in the sandbox and answers KindPortReady, or
+	// KindError (NOT_FOUND: nothing listens there; BUSY: too many streams).
+	// After ready, bytes flow both ways in KindPortData frames; the stream
+	// ends with KindResult and a PortResult once both ways are closed or
+	// the server sent KindCancel (which closes the socket at once).
+	KindPortOpen Kind = "port_open"
+	// KindPortReady A→S: no body. The socket is connected.
+	KindPortReady Kind = "port_ready"
+	// KindPortData either way: the payload is up to PortChunk bytes of the
+	// stream. A sender has at most PortWindow bytes that its peer has not
+	// acknowledged in flight; a peer that sends more breaks the protocol.
+	KindPortData Kind = "port_data"
+	// KindPortAck either way: body PortAck. The receiver handed that many
+	// more bytes on (to the socket, or to the server's reader): the sender
+	// may send as many more.
+	KindPortAck Kind = "port_ack"
+	// KindPortClose either way, no body: the sender sends no more data (a
+	// half-close: the agent shuts the socket's write side down once what
+	// it holds is written; the server's reader sees EOF).
+	KindPortClose Kind = "port_close"
 
 	// KindResult A→S: terminal success; the body depends on the request.
 	KindResult Kind = "result"

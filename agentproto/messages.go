@@ -497,6 +497,32 @@ type RestoreResult struct {
 	Skipped int   `json:"skipped"` // entries dropped (devices, FIFOs, sockets)
 }
 
+// PortOpenRequest opens a byte stream to a TCP port inside the sandbox.
+type PortOpenRequest struct {
+	// Port is the port on 127.0.0.1 in the sandbox's network namespace,
+	// 1 to 65535.
+	Port int `json:"port"`
+	// DialTimeoutMillis bounds the connect; 0 means the agent's default
+	// (5 s).
+	DialTimeoutMillis int64 `json:"dial_timeout_ms"`
+}
+
+// PortAck acknowledges port stream bytes (see KindPortAck).
+type PortAck struct {
+	Bytes int64 `json:"bytes"`
+}
+
+// PortResult ends a port stream.
+type PortResult struct {
+	// ToPort and FromPort count the bytes written to and read from the
+	// socket.
+	ToPort   int64 `json:"to_port"`
+	FromPort int64 `json:"from_port"`
+	// Reset is true when the stream ended by a cancel or a socket error,
+	// not by both sides closing.
+	Reset bool `json:"reset,omitempty"`
+}
+
 // Error is the body of a KindError frame: the wire form of an
 // *errcode.Error, or, with CodeInternal, of a fault that is not the model's to
 // act on. Only the agent sends it; ErrorOf makes it and Err reads it.

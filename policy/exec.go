@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -156,6 +157,26 @@ func HeadTail(share int64) (head, tail int64) {
 
 // MaxJobWait is the longest wait_ms sandbox_job takes.
 const MaxJobWait = 60_000
+
+// MaxWaitFor is the longest wait_for pattern sandbox_job takes.
+const MaxWaitFor = 1024
+
+// CheckWaitFor compiles sandbox_job's wait_for (RE2, so matching takes
+// time linear in the line) after checking its length, and that it comes
+// with a job and a wait.
+func CheckWaitFor(pattern, job string, waitMS int64) (*regexp.Regexp, Decision) {
+	if len(pattern) > MaxWaitFor {
+		return nil, Deny(errcode.InvalidArgument, "wait_for is %d bytes; give a pattern of at most %d", len(pattern), MaxWaitFor)
+	}
+	if job == "" || waitMS <= 0 {
+		return nil, Deny(errcode.InvalidArgument, "wait_for needs a job and wait_ms (how long to wait for a matching line)")
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil, Deny(errcode.InvalidArgument, "wait_for %q is not a regular expression (RE2 syntax): %v", pattern, err)
+	}
+	return re, Allowed
+}
 
 // MaxJobStdin is the most stdin one sandbox_job call writes.
 const MaxJobStdin = 64 << 10

@@ -1,7 +1,9 @@
 package session
 
 import (
+	"bytes"
 	"context"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -24,7 +26,15 @@ type JobRequest struct {
 	Max int64
 	// Peek reads without moving where the next read of new output starts.
 	Peek bool
+	// WaitFor, with Wait, waits until a line of new output (either stream)
+	// matches it, the job ends, or Wait passes; JobResult.WaitEnd says
+	// which. The output of every read on the way is returned.
+	WaitFor *regexp.Regexp
 }
+
+// maxPartialLine bounds the start of a line kept between reads while
+// waiting for a pattern: a longer line is matched on its last bytes only.
+const maxPartialLine = 64 << 10
 
 // JobResult is a job's state and the output read.
 type JobResult = agentclient.JobResult
@@ -65,6 +75,9 @@ func (s *Sandbox) idle() bool {
 
 // Job acts on one of the sandbox's jobs and reads its output.
 func (s *Sandbox) Job(ctx context.Context, req JobRequest) (JobResult, error) {
+	if req.WaitFor != nil && req.Wait > 0 {
+		return s.jobWaitFor(ctx, req)
+	}
 	id, err := parseJob(req.Job)
 	if err != nil {
 		return JobResult{}, err
@@ -98,4 +111,70 @@ func (s *Sandbox) Jobs(ctx context.Context) ([]JobInfo, error) {
 		// The agent keeps the running jobs and as many ended ones.
 		return inst.conn.Jobs(ctx, 2*s.tpl.Policy.MaxExecs+1)
 	})
+}
+
+// jobWaitFor reads a job's output until a new line matches req.WaitFor,
+// the job ends, the wait passes, or the output read fills req.Max. Each
+// read waits in the agent for new output (no polling): a read returns when
+// a line ends or the job ends.
+func (s *Sandbox) jobWaitFor(ctx context.Context, req JobRequest) (JobResult, error) {
+	deadline := time.Now().Add(req.Wait)
+	var acc JobResult
+	var partial [2][]byte
+	for first := true; ; first = false {
+		r := req
+		r.WaitFor, r.Wait = nil, max(time.Until(deadline), 0)
+		if !first {
+			// Stdin, close and signal were done by the first read; the
+			// next reads go on where it ended.
+			r.Stdin, r.CloseStdin, r.Signal = nil, false, ""
+			r.StdoutOffset, r.StderrOffset = -1, -1
+			r.Max = req.Max - int64(len(acc.Out[0])+len(acc.Out[1]))
+		}
+		res, err := s.Job(ctx, r)
+		if err != nil {
+			return acc, err
+		}
+		if first {
+			acc = res
+		} else {
+			acc.Status, acc.NetworkRefused = res.Status, res.NetworkRefused
+			acc.Out[0] = append(acc.Out[0], res.Out[0]...)
+			acc.Out[1] = append(acc.Out[1], res.Out[1]...)
+		}
+		ended := res.Status.State != agentproto.JobRunning
+		for i := range 2 {
+			buf := append(partial[i], res.Out[i]...)
+			for {
+				line, rest, ok := bytes.Cut(buf, []byte("\n"))
+				if !ok {
+					break
+				}
+				if req.WaitFor.Match(line) {
+					acc.Match, acc.WaitEnd = string(bytes.TrimSuffix(line, []byte("\r"))), agentclient.WaitMatched
+					return acc, nil
+				}
+				buf = rest
+			}
+			if ended && len(buf) > 0 && req.WaitFor.Match(buf) {
+				acc.Match, acc.WaitEnd = string(buf), agentclient.WaitMatched
+				return acc, nil
+			}
+			if len(buf) > maxPartialLine {
+				buf = buf[len(buf)-maxPartialLine:]
+			}
+			partial[i] = append([]byte(nil), buf...)
+		}
+		switch {
+		case ended:
+			acc.WaitEnd = agentclient.WaitJobEnded
+			return acc, nil
+		case int64(len(acc.Out[0])+len(acc.Out[1])) >= req.Max:
+			acc.WaitEnd = agentclient.WaitFull
+			return acc, nil
+		case !time.Now().Before(deadline):
+			acc.WaitEnd = agentclient.WaitTimedOut
+			return acc, nil
+		}
+	}
 }

@@ -22,7 +22,7 @@ const fieldsHeading = "## Every field\n"
 var toolOrder = []string{
 	"sandbox_exec", "sandbox_job", "sandbox_read_file", "sandbox_view_image", "sandbox_write_file",
 	"sandbox_edit_file", "sandbox_delete", "sandbox_move", "sandbox_list", "sandbox_snapshot",
-	"sandbox_restore", "sandbox_snapshot_delete", "sandbox_create", "sandbox_status", "sandbox_end",
+	"sandbox_restore", "sandbox_snapshot_delete", "sandbox_create", "sandbox_status", "sandbox_end", "sandbox_expose",
 }
 
 // TestToolsDocCoversEveryField: docs/tools.md's "Every field" section is

@@ -43,7 +43,7 @@ type EditOut struct {
 
 func editDef(p policy.Policy) *mcp.Tool {
 	desc := "Use it to change part of a file rather than sed in sandbox_exec or rewriting the whole file. " +
-		"Replaces old_string (exact text, whitespace included, found exactly once unless replace_all) with new_string; edits takes several, in order, all or nothing. The file's mode is kept. " +
+		"Replaces old_string (exact text, whitespace included, found exactly once unless replace_all) with new_string; edits takes several, in order, all or nothing. " +
 		"An empty old_string on a missing file creates it."
 	if p.ReadOnly {
 		desc += " This server's workspace is read-only: every edit is refused."

@@ -49,7 +49,7 @@ type ExecOut struct {
 }
 
 func execDef(p policy.Policy) *mcp.Tool {
-	desc := "Run a command in this session's sandbox (a Linux container with no network unless the server allows some hosts) and return its exit code and output. " +
+	desc := "Run a command in the sandbox (a Linux container) and return its exit code and output. " +
 		"Give argv (a program and its arguments, no shell) or command (a shell line). " +
 		"The working directory is /workspace (or cwd, relative to it); files persist between calls, the shell's cd and variables do not. " +
 		"A non-zero exit code is a normal result. Past timeout_ms the command is killed with every process it started. " +

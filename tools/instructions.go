@@ -26,7 +26,7 @@ func Instructions(v PolicyView, defaultImage string) string {
 	default:
 		b.WriteString("Calls without `sandbox` share one sandbox: a Linux container, made at your first call and removed when this connection ends. ")
 	}
-	b.WriteString("sandbox_create makes more, each a handle you pass as sandbox; they outlive the session until sandbox_end (idle ones are saved, then restored at next use); sandbox_status lists them. ")
+	b.WriteString("sandbox_create makes more: handles to pass as sandbox, kept until sandbox_end. ")
 	switch {
 	case v.Toolbox != nil:
 		if v.Image != "" && v.Image != defaultImage {

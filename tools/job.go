@@ -3,12 +3,14 @@ package tools
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
@@ -25,6 +27,7 @@ type JobIn struct {
 	CloseStdin   bool   `json:"close_stdin,omitempty" jsonschema:"Close the job's standard input (after stdin, if given)."`
 	Signal       string `json:"signal,omitempty" jsonschema:"Send INT, TERM or HUP to the job's processes, or KILL to end it with every process it started."`
 	WaitMS       int64  `json:"wait_ms,omitempty" jsonschema:"Wait up to this many milliseconds (at most 60000) for new output or the job's end."`
+	WaitFor      string `json:"wait_for,omitempty" jsonschema:"With wait_ms: wait until a new output line matches this regular expression (RE2), e.g. Listening on, instead of the first output."`
 	StdoutOffset *int64 `json:"stdout_offset,omitempty" jsonschema:"Read stdout from this byte of the job's kept output. Default: what is new since the last read."`
 	StderrOffset *int64 `json:"stderr_offset,omitempty" jsonschema:"Read stderr from this byte. Default: what is new since the last read."`
 	Sandbox      string `json:"sandbox,omitempty" jsonschema:"Sandbox handle the job runs in. Default: this session's own."`
@@ -42,6 +45,8 @@ type JobOut struct {
 	StderrOffset  int64           `json:"stderr_offset" jsonschema:"The byte after the stderr returned."`
 	DroppedBytes  int64           `json:"dropped_bytes" jsonschema:"Oldest output no longer kept (past the job's output cap), both streams."`
 	NetworkDenied []NetworkDenied `json:"network_denied,omitempty" jsonschema:"Hosts the job could not reach since it started, and why (see sandbox_exec)."`
+	Matched       string          `json:"matched,omitempty" jsonschema:"With wait_for: the line that matched."`
+	WaitEnded     string          `json:"wait_ended,omitempty" jsonschema:"With wait_for: why the wait ended: matched, job_ended, timed_out or output_cap."`
 	Hint          string          `json:"hint,omitempty" jsonschema:"What the result means and what to call next."`
 	Jobs          []JobEntry      `json:"jobs,omitempty" jsonschema:"Without job: the sandbox's jobs, oldest first."`
 }
@@ -82,6 +87,7 @@ func jobInputSchema() *jsonschema.Schema {
 		s.Properties["signal"].Enum = []any{"INT", "TERM", "HUP", "KILL"}
 		w := s.Properties["wait_ms"]
 		w.Minimum, w.Maximum = new(float64(0)), new(float64(policy.MaxJobWait))
+		s.Properties["wait_for"].MaxLength = new(policy.MaxWaitFor)
 		for _, k := range []string{"stdout_offset", "stderr_offset"} {
 			s.Properties[k].Minimum = new(float64(0))
 		}
@@ -90,9 +96,23 @@ func jobInputSchema() *jsonschema.Schema {
 
 func (in JobIn) target() string { return in.Sandbox }
 
-func (d *Deps) checkJob(in JobIn) (JobIn, error) {
+// jobReq is a checked sandbox_job input.
+type jobReq struct {
+	JobIn
+	waitFor *regexp.Regexp
+}
+
+func (d *Deps) checkJob(in JobIn) (jobReq, error) {
+	req := jobReq{JobIn: in}
 	if dec := d.Policy.CanExec(); !dec.Allow {
-		return in, dec.Err()
+		return req, dec.Err()
+	}
+	if in.WaitFor != "" {
+		re, dec := policy.CheckWaitFor(in.WaitFor, in.Job, in.WaitMS)
+		if !dec.Allow {
+			return req, dec.Err()
+		}
+		req.waitFor = re
 	}
 	var offsets []int64
 	for _, o := range []*int64{in.StdoutOffset, in.StderrOffset} {
@@ -101,12 +121,13 @@ func (d *Deps) checkJob(in JobIn) (JobIn, error) {
 		}
 	}
 	if dec := policy.CheckJob(in.Job, in.WaitMS, in.Stdin, in.CloseStdin, in.Signal, offsets...); !dec.Allow {
-		return in, dec.Err()
+		return req, dec.Err()
 	}
-	return in, nil
+	return req, nil
 }
 
-func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.CallToolResult, JobOut, error) {
+func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, jr jobReq) (*mcp.CallToolResult, JobOut, error) {
+	in := jr.JobIn
 	out := JobOut{Sandbox: sb.ID()}
 	p := d.Policy
 	if in.Job == "" {
@@ -126,6 +147,7 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 	req := session.JobRequest{
 		Job: in.Job, Stdin: []byte(in.Stdin), CloseStdin: in.CloseStdin, Signal: in.Signal,
 		Wait: time.Duration(in.WaitMS) * time.Millisecond, StdoutOffset: -1, StderrOffset: -1, Max: p.MaxOutputBytes,
+		WaitFor: jr.waitFor,
 	}
 	if in.StdoutOffset != nil {
 		req.StdoutOffset = *in.StdoutOffset
@@ -150,6 +172,17 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 	c.bytes = int64(len(res.Out[0]) + len(res.Out[1]))
 
 	var notes []string
+	out.Matched, out.WaitEnded = toText([]byte(res.Match)), res.WaitEnd
+	switch res.WaitEnd {
+	case agentclient.WaitMatched:
+		notes = append(notes, fmt.Sprintf("wait_for matched the line %q", clip(out.Matched, 200)))
+	case agentclient.WaitJobEnded:
+		notes = append(notes, "The job ended before a line matched wait_for")
+	case agentclient.WaitTimedOut:
+		notes = append(notes, fmt.Sprintf("No new line matched wait_for within %d ms", in.WaitMS))
+	case agentclient.WaitFull:
+		notes = append(notes, "The output read reached the result's cap before a line matched wait_for; call again to wait on")
+	}
 	switch st.State {
 	case agentproto.JobRunning:
 		if len(res.Out[0])+len(res.Out[1]) == 0 {

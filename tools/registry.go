@@ -37,6 +37,7 @@ func All(d *Deps) []Tool {
 		tool(createDef(), wrap(d, NameCreate, as, (*Deps).create)),
 		tool(statusDef(), wrap(d, NameStatus, as, (*Deps).status)),
 		tool(endDef(), wrap(d, NameEnd, static(checkEnd), (*Deps).end)),
+		tool(exposeDef(), wrap(d, NameExpose, (*Deps).checkExpose, (*Deps).expose)),
 	}
 }
 

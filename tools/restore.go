@@ -32,8 +32,8 @@ func restoreDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameRestore,
 		Title: "Restore a snapshot into the sandbox",
-		Description: "Use it to roll the workspace back to a snapshot, or to start from one another session of yours made, rather than copying files with sandbox_exec. " +
-			"It replaces the whole workspace: files not in the snapshot are removed; processes are not in a snapshot. sandbox_snapshot with list: true shows your snapshots.",
+		Description: "Use it to roll the workspace back to one of your snapshots rather than copying files with sandbox_exec. " +
+			"It replaces the whole workspace (files, not processes). sandbox_snapshot with list: true lists them.",
 		InputSchema:  inputSchema[RestoreIn](nil),
 		OutputSchema: outputSchema[RestoreOut](),
 		Annotations: &mcp.ToolAnnotations{

@@ -54,8 +54,8 @@ func snapshotDef() *mcp.Tool {
 	return &mcp.Tool{
 		Name:  NameSnapshot,
 		Title: "Snapshot the sandbox's workspace",
-		Description: "Use it when the workspace must outlive this session or you may want to roll back: nothing made with sandbox_exec lasts past the session. " +
-			"It saves the whole workspace as a tar archive on the server, readable as the MCP resource at uri; files only, not processes. list: true lists your snapshots.",
+		Description: "Use it when the workspace must outlive its sandbox or you may want to roll back. " +
+			"It saves the whole workspace (files, not processes) on the server, readable as the MCP resource at uri. list: true lists your snapshots.",
 		InputSchema:  inputSchema[SnapshotIn](func(s *jsonschema.Schema) { s.Properties["label"].MaxLength = intp(maxLabel) }),
 		OutputSchema: outputSchema[SnapshotOut](),
 		Annotations: &mcp.ToolAnnotations{

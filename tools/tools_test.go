@@ -170,7 +170,7 @@ func TestToolsAsData(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	want := []string{NameCreate, NameDelete, NameEditFile, NameEnd, NameExec, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameStatus, NameViewImage, NameWriteFile}
+	want := []string{NameCreate, NameDelete, NameEditFile, NameEnd, NameExec, NameExpose, NameJob, NameList, NameMove, NameReadFile, NameRestore, NameSnapshot, NameDeleteSnapshot, NameStatus, NameViewImage, NameWriteFile}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools = %v, want %v", names, want)
 	}

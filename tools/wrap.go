@@ -24,6 +24,10 @@ type Deps struct {
 	Logger     *slog.Logger
 	// Audit, if set, receives one record per tool call.
 	Audit func(Record)
+	// Previews serves sandbox_expose's URLs; nil means previews are off,
+	// and PreviewsOff says why (the tool's error names it).
+	Previews    Previews
+	PreviewsOff string
 
 	// progressBeat, if set, replaces defaultProgressBeat (tests).
 	progressBeat time.Duration

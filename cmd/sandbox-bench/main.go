@@ -132,6 +132,7 @@ func (b *bench) run(ctx context.Context) error {
 		{"memory per idle session", b.memory},
 		{"proxy", b.proxy},
 		{"secrets", b.secrets},
+		{"preview", b.preview},
 		{"kubernetes", b.kubernetes},
 	}
 	for _, s := range steps {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/preview"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -79,8 +80,20 @@ func serveHTTP(ctx context.Context, cfg Config, log *slog.Logger, auditLog *audi
 	// One memory budget for tool calls and the request bodies that
 	// carry them.
 	mem := tools.NewMemory(cfg.Policy)
-	server := newServer(cfg, m, sessions, mem, log, auditLog)
+	var previews *preview.Registry
+	if cfg.HTTP.PreviewListen != "" {
+		if previews, err = listenPreviews(ctx, cfg, log); err != nil {
+			return err
+		}
+	} else {
+		previews = preview.New(preview.Options{BaseURL: previewBase(cfg.HTTP.Addr, addr), TTL: cfg.HTTP.PreviewTTL, Logger: log})
+		defer previews.Close()
+	}
+	server := newServer(cfg, m, sessions, mem, log, auditLog, previews)
 	opts := guardOptions(cfg, addr, log)
+	if cfg.HTTP.PreviewListen == "" {
+		opts.Preview = previews
+	}
 	opts.ReserveBody = func(ctx context.Context, caller string, n int64, wait time.Duration) (httpguard.BodyHold, error) {
 		h, err := mem.ReserveBody(ctx, caller, n, wait)
 		if err != nil {

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/httpguard"
+	"github.com/sandbox-mcp/sandbox-mcp/preview"
 	"github.com/sandbox-mcp/sandbox-mcp/tools"
 )
 
@@ -53,6 +55,13 @@ type HTTPConfig struct {
 	// (DefaultSandboxNone: the call is refused and told to make one) or
 	// one per caller (DefaultSandboxPerCaller).
 	DefaultSandbox string
+	// PreviewListen is where preview URLs are served when set
+	// (--preview-listen; a host left out is 127.0.0.1); otherwise the
+	// --http listener serves them, and a stdio server serves none.
+	PreviewListen string
+	// PreviewTTL is a preview's life (--preview-ttl); 0 means
+	// preview.DefaultTTL.
+	PreviewTTL time.Duration
 }
 
 // --default-sandbox's values.
@@ -119,6 +128,8 @@ func (f *flagSet) addTransportFlags(cfg *Config) {
 	fs.Var(&choice{v: &h.DefaultSandbox, allowed: []string{DefaultSandboxNone, DefaultSandboxPerCaller}}, "default-sandbox",
 		"`mode` for a call without `sandbox` from an MCP 2026-07-28 client over --http, which has no session and so no session's sandbox: "+
 			"none (refused: it is told to make one with sandbox_create and name it) or per-caller (each caller, one --token, gets one default sandbox, kept until the server exits; its container goes when idle, snapshotted, and comes back at the next call)")
+	fs.StringVar(&h.PreviewListen, "preview-listen", h.PreviewListen, "serve sandbox_expose's preview URLs on this `addr` (host:port; a host left out is 127.0.0.1) instead of the --http listener; on stdio previews are off unless it is set")
+	fs.DurationVar(&h.PreviewTTL, "preview-ttl", h.PreviewTTL, "how long a preview URL works (0: 1h; at most 24h)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", cfg.AuditLog, "append a JSON line per tool call to this `file` (created with mode 0600)")
 }
 
@@ -154,6 +165,14 @@ func (h HTTPConfig) Validate() error {
 		} else if strings.IndexFunc(t, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
 			errs = append(errs, fmt.Errorf("--token: token %d of %d has a space, a control or a non-ASCII character; use printable ASCII, e.g. the output of `openssl rand -hex 32`", i+1, len(h.Tokens)))
 		}
+	}
+	if h.PreviewListen != "" {
+		if _, _, err := net.SplitHostPort(h.PreviewListen); err != nil {
+			errs = append(errs, fmt.Errorf("--preview-listen %q: want host:port, e.g. 127.0.0.1:8090 (%v)", h.PreviewListen, err))
+		}
+	}
+	if h.PreviewTTL < 0 || h.PreviewTTL > preview.MaxTTL {
+		errs = append(errs, fmt.Errorf("--preview-ttl %s: give 0 (1h) to %s", h.PreviewTTL, preview.MaxTTL))
 	}
 	for _, o := range h.AllowOrigins {
 		if _, err := httpguard.NormalizeOrigin(o); err != nil {

@@ -287,3 +287,33 @@ func TestStdioProgressGoesOnPastTheCap(t *testing.T) {
 		t.Fatalf("a read after the exec returns %q", r["stdout"])
 	}
 }
+
+// TestStdioJobWaitFor: sandbox_job's wait_for waits, in one call, until a
+// new line of the job's output matches (returning the line and everything
+// read on the way), or says the job ended first or the wait passed first;
+// a pattern that is not RE2 is INVALID_ARGUMENT.
+func TestStdioJobWaitFor(t *testing.T) {
+	s := startServer(t, serverOpts{protocol: "2025-11-25"})
+	start := s.ok("sandbox_exec", map[string]any{"command": "echo booting; sleep 1; echo 'Listening on port 8000'; sleep 30", "background": true})
+	job := start["job"].(string)
+	began := time.Now()
+	out := s.ok("sandbox_job", map[string]any{"job": job, "wait_ms": 20000, "wait_for": `Listening on port \d+`})
+	if out["wait_ended"] != "matched" || out["matched"] != "Listening on port 8000" || out["state"] != "running" ||
+		!strings.Contains(out["stdout"].(string), "booting\nListening on port 8000\n") {
+		t.Fatalf("wait_for: %v", out)
+	}
+	if d := time.Since(began); d > 15*time.Second {
+		t.Fatalf("the match took %s", d)
+	}
+	out = s.ok("sandbox_job", map[string]any{"job": job, "wait_ms": 700, "wait_for": "never printed"})
+	if out["wait_ended"] != "timed_out" || !strings.Contains(out["hint"].(string), "No new line matched") {
+		t.Fatalf("a pattern that never matches: %v", out)
+	}
+	done := s.ok("sandbox_exec", map[string]any{"command": "sleep 1; echo bye", "background": true})["job"].(string)
+	out = s.ok("sandbox_job", map[string]any{"job": done, "wait_ms": 20000, "wait_for": "hello"})
+	if out["wait_ended"] != "job_ended" || out["state"] != "exited" || out["stdout"] != "bye\n" {
+		t.Fatalf("a job that ends first: %v", out)
+	}
+	s.fails("sandbox_job", map[string]any{"job": job, "wait_ms": 100, "wait_for": "(unclosed"}, "INVALID_ARGUMENT")
+	s.ok("sandbox_job", map[string]any{"job": job, "signal": "KILL"})
+}

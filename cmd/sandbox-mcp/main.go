@@ -39,6 +39,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/cmd/sandbox-mcp/internal/audit"
 	"github.com/sandbox-mcp/sandbox-mcp/image"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
+	"github.com/sandbox-mcp/sandbox-mcp/preview"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
@@ -291,7 +292,7 @@ func loadSeed(cfg Config, be backend.Backend) (*session.Seed, error) {
 
 // newServer builds the MCP server with every tool and resource; auditLog, if
 // not nil, gets a record per tool call.
-func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *tools.Memory, log *slog.Logger, auditLog *audit.Log) *mcp.Server {
+func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *tools.Memory, log *slog.Logger, auditLog *audit.Log, previews *preview.Registry) *mcp.Server {
 	view := tools.ViewOf(cfg.Policy, cfg.Image, cfg.Env)
 	if m != nil {
 		view.Toolbox = tools.ParseToolbox(m.Toolbox(context.Background())) // the image's own manifest, read in at most 2 s
@@ -318,6 +319,11 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 		Sessions:   sessions,
 		Memory:     mem,
 		Logger:     log,
+	}
+	if previews != nil {
+		deps.Previews = previews
+	} else {
+		deps.PreviewsOff = previewsOff
 	}
 	if auditLog != nil {
 		deps.Audit = func(r tools.Record) { auditLog.Record(auditTool(r)) }
@@ -361,7 +367,13 @@ func serveStdio(ctx context.Context, cfg Config, stdin io.Reader, stdout io.Writ
 	defer release()
 	logPolicy(log, cfg)
 	sessions := tools.NewSessions(m)
-	server := newServer(cfg, m, sessions, nil, log, auditLog)
+	var previews *preview.Registry
+	if cfg.HTTP.PreviewListen != "" {
+		if previews, err = listenPreviews(ctx, cfg, log); err != nil {
+			return err
+		}
+	}
+	server := newServer(cfg, m, sessions, nil, log, auditLog, previews)
 
 	// On a signal, end the calls in flight first: the SDK waits for them.
 	closed := make(chan error, 1)

@@ -22,7 +22,7 @@ var flagGroups = []struct {
 	}},
 	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool"}},
 	{"Secrets", []string{"secret"}},
-	{"HTTP serving", []string{"http", "token", "http-allow-host", "allow-origin", "default-sandbox"}},
+	{"HTTP serving", []string{"http", "token", "http-allow-host", "allow-origin", "default-sandbox", "preview-listen", "preview-ttl"}},
 	{"Limits for many callers", []string{
 		"max-sandboxes", "max-sandboxes-per-caller", "max-calls-per-caller",
 		"max-inflight-bytes", "max-session-inflight-bytes",

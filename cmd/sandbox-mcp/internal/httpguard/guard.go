@@ -85,9 +85,15 @@ type Options struct {
 	// the server's in-flight memory budget, the one tool calls use, before
 	// any byte of it is read (see body.go). Nil admits every body.
 	ReserveBody func(ctx context.Context, caller string, n int64, wait time.Duration) (BodyHold, error)
+	// Preview, if set, serves previews at PreviewPrefix behind the Host
+	// and Origin checks (no bearer token: the URL is the credential).
+	Preview http.Handler
 	// Logger gets a line per refused request. Nil discards them.
 	Logger *slog.Logger
 }
+
+// PreviewPrefix is where previews are served (package preview's Prefix).
+const PreviewPrefix = "/preview/"
 
 // BodyHold is the part of the memory budget a request body holds.
 type BodyHold interface {
@@ -144,8 +150,9 @@ type Guard struct {
 	// over the same server: each request on a session of its own that
 	// ends with it.
 	stateless http.Handler
-	authed   http.Handler // token check, then serveMCP
-	log      *slog.Logger
+	preview   http.Handler // previews, or nil
+	authed    http.Handler // token check, then serveMCP
+	log       *slog.Logger
 }
 
 // New builds the request checks for server, and adds the per-caller call
@@ -157,8 +164,6 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	g := &Guard{
-		hosts:    map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true},
-		origins:  map[string]bool{},
 		maxBody:  o.MaxRequestBytes,
 		idle:     o.IdleTimeout,
 		reserve:  o.ReserveBody,
@@ -169,38 +174,12 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 		log:      log,
 	}
 	server.AddReceivingMiddleware(g.quota.noteSession, newCallQuota(o.CallsPerCaller, log).limit, g.posts.watch)
-	addr := o.Listen
-	names := append([]string{addr.IP.String()}, o.AllowHosts...)
-	if host, _, err := net.SplitHostPort(o.Addr); err == nil && host != "" {
-		names = append(names, host)
+	hosts, origins, err := namesOf(o)
+	if err != nil {
+		return nil, err
 	}
-	if addr.IP.IsUnspecified() {
-		// Listening everywhere: every local address is a name of this
-		// server. (An address literal is no rebinding vector anyway.)
-		ifaddrs, err := net.InterfaceAddrs()
-		if err != nil {
-			return nil, fmt.Errorf("--http %s: list local addresses: %w", o.Addr, err)
-		}
-		for _, a := range ifaddrs {
-			if ipn, ok := a.(*net.IPNet); ok {
-				names = append(names, ipn.IP.String())
-			}
-		}
-	}
-	for _, n := range names {
-		h, err := NormalizeHostName(n)
-		if err != nil {
-			return nil, fmt.Errorf("--http-allow-host %q: %w", n, err)
-		}
-		g.hosts[h] = true
-	}
-	for _, origin := range o.AllowOrigins {
-		n, err := NormalizeOrigin(origin)
-		if err != nil {
-			return nil, fmt.Errorf("--allow-origin %q: %w", origin, err)
-		}
-		g.origins[n] = true
-	}
+	g.hosts, g.origins = hosts, origins
+	g.preview = o.Preview
 	seen := map[string]bool{}
 	for _, t := range o.Tokens {
 		if !seen[t] {
@@ -234,6 +213,76 @@ func New(o Options, server *mcp.Server, sessions Sessions) (*Guard, error) {
 	return g, nil
 }
 
+// namesOf returns the Host names and the extra origins a listener of o
+// answers to.
+func namesOf(o Options) (hosts, origins map[string]bool, err error) {
+	hosts = map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true}
+	origins = map[string]bool{}
+	addr := o.Listen
+	names := append([]string{addr.IP.String()}, o.AllowHosts...)
+	if host, _, err := net.SplitHostPort(o.Addr); err == nil && host != "" {
+		names = append(names, host)
+	}
+	if addr.IP.IsUnspecified() {
+		// Listening everywhere: every local address is a name of this
+		// server. (An address literal is no rebinding vector anyway.)
+		ifaddrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return nil, nil, fmt.Errorf("--http %s: list local addresses: %w", o.Addr, err)
+		}
+		for _, a := range ifaddrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				names = append(names, ipn.IP.String())
+			}
+		}
+	}
+	for _, n := range names {
+		h, err := NormalizeHostName(n)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--http-allow-host %q: %w", n, err)
+		}
+		hosts[h] = true
+	}
+	for _, origin := range o.AllowOrigins {
+		n, err := NormalizeOrigin(origin)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--allow-origin %q: %w", origin, err)
+		}
+		origins[n] = true
+	}
+	return hosts, origins, nil
+}
+
+// PreviewHandler returns h behind the Host and Origin checks of a listener
+// of o (--preview-listen): the checks /mcp gets, without the bearer token,
+// since a person's browser has none (a preview's URL is its own
+// credential).
+func PreviewHandler(o Options, h http.Handler) (http.Handler, error) {
+	hosts, origins, err := namesOf(o)
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	g := &Guard{hosts: hosts, origins: origins, log: log}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.servePreview(w, r, h) }), nil
+}
+
+// servePreview serves a preview request after the Host and Origin checks.
+func (g *Guard) servePreview(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	if !g.hostAllowed(r.Host) {
+		g.refuse(w, r, http.StatusForbidden, fmt.Sprintf("Host %q is not a name this server answers to (DNS rebinding protection); its operator can add it with --http-allow-host", r.Host))
+		return
+	}
+	if origins := r.Header.Values("Origin"); len(origins) > 0 && !g.originAllowed(origins, r.Host) {
+		g.refuse(w, r, http.StatusForbidden, fmt.Sprintf("Origin %q may not reach this server; its operator can allow it with --allow-origin", strings.Join(origins, ", ")))
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
 // Callers returns the number of distinct callers (tokens) accepted.
 func (g *Guard) Callers() int { return len(g.tokens) }
 
@@ -249,6 +298,9 @@ func (g *Guard) Handler() http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	mux.Handle(Path, g)
+	if g.preview != nil {
+		mux.HandleFunc(PreviewPrefix, func(w http.ResponseWriter, r *http.Request) { g.servePreview(w, r, g.preview) })
+	}
 	return mux
 }
 
@@ -260,6 +312,13 @@ func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if origins := r.Header.Values("Origin"); len(origins) > 0 && !g.originAllowed(origins, r.Host) {
 		g.refuse(w, r, http.StatusForbidden, fmt.Sprintf("Origin %q may not call this server; its operator can allow it with --allow-origin", strings.Join(origins, ", ")))
+		return
+	}
+	if origins := r.Header.Values("Origin"); len(origins) > 0 && g.preview != nil && !g.listed(origins[0]) {
+		// The server's own origin serves previews, pages the sandboxed
+		// code writes: none of them may call /mcp from a person's
+		// browser. (No MCP client runs on this origin.)
+		g.refuse(w, r, http.StatusForbidden, "a page of this server's origin (a preview) may not call /mcp; its operator can allow an origin with --allow-origin")
 		return
 	}
 	if len(g.tokens) == 0 {
@@ -407,6 +466,12 @@ func (g *Guard) originAllowed(values []string, host string) bool {
 	}
 	_, rest, _ := strings.Cut(o, "://")
 	return rest == strings.ToLower(host)
+}
+
+// listed reports whether origin is on --allow-origin.
+func (g *Guard) listed(origin string) bool {
+	o, err := NormalizeOrigin(origin)
+	return err == nil && g.origins[o]
 }
 
 // refuse answers a request the guard stops, with a JSON-RPC error body
