@@ -423,6 +423,9 @@ func (m *Manager) remove(s *Sandbox) {
 	m.mu.Lock()
 	delete(m.byID, s.id)
 	m.mu.Unlock()
+	if m.proxy != nil {
+		m.proxy.Forget(s.id) // its approved and narrowed hosts
+	}
 	m.pool.poke() // room for another warm container
 }
 

@@ -326,7 +326,8 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		notes = append(notes, outOfMemory(p))
 	}
 	failed := res.TimedOut || (!res.Running && res.ExitCode != 0)
-	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
+	answers := d.askApprovals(ctx, c, sb, NameExec, res.NetworkRefused)
+	denied, netHint := networkNotes(p, res.NetworkRefused, answers, failed, out.Stdout, out.Stderr)
 	out.NetworkDenied = denied
 	notes = append(notes, netHint)
 	if res.PipesHeld {

@@ -182,7 +182,8 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 		notes = append(notes, longLog)
 	}
 	failed := st.State != agentproto.JobRunning && st.ExitCode != 0
-	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
+	answers := d.askApprovals(ctx, c, sb, NameJob, res.NetworkRefused)
+	denied, netHint := networkNotes(p, res.NetworkRefused, answers, failed, out.Stdout, out.Stderr)
 	out.NetworkDenied = denied
 	notes = append(notes, netHint)
 	out.Hint = joinHints(notes...)

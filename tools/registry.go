@@ -2,6 +2,8 @@ package tools
 
 import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
 // Tool is one tool as data: its definition and how to add it to a server.
@@ -21,7 +23,10 @@ func All(d *Deps) []Tool {
 	if d.versions == nil {
 		d.versions = newVersions()
 	}
-	return []Tool{
+	if d.approvableHosts == nil && d.Policy.Network == policy.NetworkAllowlist {
+		d.approvableHosts = parseApprovable(d.Policy.NetworkApproval)
+	}
+	all := []Tool{
 		tool(execDef(d.Policy), wrap(d, NameExec, d.checkExec, d.exec)),
 		tool(jobDef(d.Policy), wrap(d, NameJob, d.checkJob, d.job)),
 		tool(readDef(), wrap(d, NameReadFile, checkRead, d.readFile)),
@@ -35,6 +40,11 @@ func All(d *Deps) []Tool {
 		tool(restoreDef(), wrap(d, NameRestore, d.checkRestore, d.restore)),
 		tool(deleteSnapshotDef(), wrap(d, NameDeleteSnapshot, as, d.deleteSnapshot)),
 	}
+	if d.Policy.Network == policy.NetworkAllowlist {
+		// Only a sandbox with an egress proxy has hosts to drop.
+		all = append(all, tool(networkDef(), wrap(d, NameNetwork, d.checkNetwork, d.network)))
+	}
+	return all
 }
 
 func tool[In, Out any](def *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) Tool {

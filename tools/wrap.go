@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
@@ -23,6 +24,9 @@ type Deps struct {
 	Logger     *slog.Logger
 	// Audit, if set, receives one record per tool call.
 	Audit func(Record)
+	// AuditApproval, if set, receives every question put to a person
+	// about a refused host, and its answer (see approval.go).
+	AuditApproval func(ApprovalRecord)
 
 	// progressBeat, if set, replaces defaultProgressBeat (tests).
 	progressBeat time.Duration
@@ -37,6 +41,10 @@ type Deps struct {
 	// versions are the protocol versions sessions negotiated; All makes
 	// it.
 	versions *versions
+	// approvableHosts are Policy.NetworkApproval parsed (nil: off), and
+	// approvals what was asked per sandbox; All makes them.
+	approvableHosts *netproxy.Allowlist
+	approvals       approvals
 }
 
 // Record describes one tool call, for the log and the audit log. It has no
