@@ -364,6 +364,14 @@ func (m *Manager) Lookup(id, owner string) (*Sandbox, bool) {
 	return s, true
 }
 
+// Peek returns the sandbox of key if there is one, without making one.
+func (m *Manager) Peek(key string) (*Sandbox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.byKey[key]
+	return s, s != nil
+}
+
 // Count returns the number of sandboxes.
 func (m *Manager) Count() int {
 	m.mu.Lock()

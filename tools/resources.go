@@ -45,6 +45,10 @@ type PolicyView struct {
 	MaxSessions          int `json:"max_sessions,omitempty"`
 	MaxSessionsPerCaller int `json:"max_sessions_per_caller,omitempty"`
 	MaxCallsPerCaller    int `json:"max_calls_per_caller,omitempty"`
+	// SandboxNetwork is the reading session's own sandbox's live
+	// allowlist (base, approved, dropped), once it has a sandbox and the
+	// server an egress proxy.
+	SandboxNetwork *NetworkOut `json:"sandbox_network,omitempty"`
 }
 
 // SecretView is a secret as the model sees it: its name and hosts, never
@@ -80,7 +84,15 @@ func registerResources(s *mcp.Server, d *Deps) {
 		Description: "What this server lets a sandbox do: exec mode and allowlist, read-only workspace, size caps, timeouts, limits, network.",
 		MIMEType:    "application/json",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		b, err := json.MarshalIndent(d.PolicyView, "", "  ")
+		view := d.PolicyView
+		if sb, ok := d.Sessions.existing(req.Session); ok {
+			if nsb, ok := sb.(networkSandbox); ok {
+				if l, ok := nsb.NetworkLayers(); ok {
+					view.SandboxNetwork = &NetworkOut{Sandbox: sb.ID(), Base: l.Base, Approved: l.Approved, Dropped: l.Dropped, Offline: l.Offline}
+				}
+			}
+		}
+		b, err := json.MarshalIndent(view, "", "  ")
 		if err != nil {
 			return nil, err
 		}

@@ -212,6 +212,46 @@ func TestApprovalOverStdio(t *testing.T) {
 		}
 	})
 
+	t.Run("narrowing wins", func(t *testing.T) {
+		// The model drops a host a person approved: it is refused again,
+		// nobody is asked, and the policy resource shows the live list.
+		audit := filepath.Join(t.TempDir(), "audit.jsonl")
+		a := &answerer{action: "accept", decision: "allow"}
+		s := startServer(t, serverOpts{args: approvalArgs(target, audit), protocol: "2025-11-25", elicit: a.handle})
+		if out := connectThrough(s, target); firstDenied(t, out)["approved"] != true {
+			t.Fatalf("%v", out)
+		}
+		live := s.ok("sandbox_network", map[string]any{})
+		if fmt.Sprint(live["approved"]) != "["+target+"]" || fmt.Sprint(live["base"]) != "[allowed.example:443]" {
+			t.Fatalf("live allowlist: %v", live)
+		}
+		s.ok("sandbox_network", map[string]any{"drop": []string{target}})
+		out := connectThrough(s, target)
+		if !strings.Contains(out["stdout"].(string), "403") || !strings.Contains(firstDenied(t, out)["reason"].(string), "dropped") || a.asked.Load() != 1 {
+			t.Fatalf("after the drop (asked %d): %v", a.asked.Load(), out)
+		}
+		pr, err := s.cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "sandbox://policy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var view struct {
+			Network struct {
+				Approved, Dropped []string
+				Offline           bool
+			} `json:"sandbox_network"`
+		}
+		if err := json.Unmarshal([]byte(pr.Contents[0].Text), &view); err != nil {
+			t.Fatal(err)
+		}
+		if len(view.Network.Approved) != 0 || fmt.Sprint(view.Network.Dropped) != "["+target+"]" {
+			t.Fatalf("policy resource: %s", pr.Contents[0].Text)
+		}
+		s.ok("sandbox_network", map[string]any{"offline": true})
+		if out := connectThrough(s, "allowed.example:443"); !strings.Contains(firstDenied(t, out)["reason"].(string), "offline") {
+			t.Fatalf("offline: %v", out)
+		}
+	})
+
 	t.Run("not approvable", func(t *testing.T) {
 		// A refused host the operator's patterns do not admit: no question.
 		audit := filepath.Join(t.TempDir(), "audit.jsonl")
