@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
@@ -72,9 +74,10 @@ type ApprovalRecord struct {
 
 // approvals is the server's record of what was asked, per sandbox.
 type approvals struct {
-	mu    sync.Mutex
-	asked map[string]*asked // by sandbox id
-	order []string          // sandbox ids, oldest first
+	mu      sync.Mutex
+	asked   map[string]*asked           // by sandbox id
+	order   []string                    // sandbox ids, oldest first
+	pending map[string]*pendingApproval // results waiting for answers (2026-07-28), by requestState
 }
 
 type asked struct {
@@ -130,30 +133,36 @@ func (d *Deps) approvable(host string, port int) (string, bool) {
 	return d.approvableHosts.Match(host, port)
 }
 
-// askApprovals asks the person about each refusal that may be approved,
-// and approves what the person allows. It returns what became of each
-// host:port asked about or answered before.
-func (d *Deps) askApprovals(ctx context.Context, c *call, sb Sandbox, tool string, refused []session.NetworkRefusal) map[string]approval {
-	nsb, ok := sb.(networkSandbox)
-	if !ok || d.approvableHosts == nil || len(refused) == 0 {
-		return nil
+// question is one refused host a person may be asked about.
+type question struct {
+	host    string
+	port    int
+	pattern string
+}
+
+// questions sorts a command's refusals: the hosts a person may be asked
+// about now (counted against the bounds), and the answers given before
+// (denied or declined: never asked again). canAsk is whether the client
+// can be asked at all.
+func (d *Deps) questions(sb Sandbox, refused []session.NetworkRefusal, canAsk bool) ([]question, map[string]approval) {
+	if _, ok := sb.(networkSandbox); !ok || d.approvableHosts == nil || len(refused) == 0 {
+		return nil, nil
 	}
 	out := map[string]approval{}
-	canAsk := elicitForm(c.req)
-	questions := 0
+	var qs []question
 	for _, r := range refused {
 		key := hostPort(r.Host, r.Port)
 		pattern, ok := d.approvable(r.Host, r.Port)
 		if !r.Unlisted || !ok {
 			continue
 		}
-		if _, done := out[key]; done {
+		if _, done := out[key]; done || slices.ContainsFunc(qs, func(q question) bool { return q.host == r.Host && q.port == r.Port }) {
 			continue
 		}
 		d.approvals.mu.Lock()
 		rec := d.approvals.of(sb.ID())
 		prior, final := rec.final[key]
-		allowed := !final && canAsk && questions < maxQuestionsPerCall && rec.questions < maxQuestionsPerSandbox
+		allowed := !final && canAsk && len(qs) < maxQuestionsPerCall && rec.questions < maxQuestionsPerSandbox
 		if allowed {
 			rec.questions++
 		}
@@ -161,18 +170,21 @@ func (d *Deps) askApprovals(ctx context.Context, c *call, sb Sandbox, tool strin
 		switch {
 		case final:
 			out[key] = approval{answer: prior}
-			continue
-		case !allowed:
-			continue
+		case allowed:
+			qs = append(qs, question{r.Host, r.Port, pattern})
 		}
-		questions++
-		a := d.ask(ctx, c, nsb, sb.ID(), tool, r.Host, r.Port, pattern)
-		out[key] = a
-		if a.answer == AnswerDenied || a.answer == AnswerDeclined {
-			d.approvals.mu.Lock()
-			d.approvals.of(sb.ID()).final[key] = a.answer
-			d.approvals.mu.Unlock()
-		}
+	}
+	return qs, out
+}
+
+// askApprovals asks the person about each refusal that may be approved,
+// within the call (server-initiated elicitation, before 2026-07-28), and
+// approves what the person allows. It returns what became of each
+// host:port asked about or answered before.
+func (d *Deps) askApprovals(ctx context.Context, c *call, sb Sandbox, refused []session.NetworkRefusal) map[string]approval {
+	qs, out := d.questions(sb, refused, elicitForm(c.req))
+	for _, q := range qs {
+		out[hostPort(q.host, q.port)] = d.ask(ctx, c, sb, q)
 		if ctx.Err() != nil {
 			break
 		}
@@ -203,19 +215,24 @@ func approvalQuestion(sandbox, host string, port int, pattern string) string {
 		sandbox, host, port, pattern, host, port)
 }
 
+// approvalRecord is the audit record of a question about q in call c.
+func (d *Deps) approvalRecord(c *call, sb Sandbox, q question) ApprovalRecord {
+	return ApprovalRecord{
+		Caller: d.Sessions.Owner(c.req), Session: sessionID(c.req), Sandbox: sb.ID(), Tool: c.req.Params.Name,
+		Host: q.host, Port: q.port, Pattern: q.pattern,
+	}
+}
+
 // ask puts one question to the person, within the call, and records it
 // and its answer.
-func (d *Deps) ask(ctx context.Context, c *call, sb networkSandbox, id, tool, host string, port int, pattern string) approval {
-	rec := ApprovalRecord{
-		Caller: d.Sessions.Owner(c.req), Session: sessionID(c.req), Sandbox: id, Tool: tool,
-		Host: host, Port: port, Pattern: pattern,
-	}
-	msg := approvalQuestion(id, host, port, pattern)
-	d.recordApproval(rec, "question", "", msg)
+func (d *Deps) ask(ctx context.Context, c *call, sb Sandbox, q question) approval {
+	rec := d.approvalRecord(c, sb, q)
+	params := d.questionParams(sb, q)
+	d.recordApproval(rec, "question", "", params.Message)
 	wait := d.Policy.NetworkApprovalWait
 	actx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	res, err := c.req.Session.Elicit(actx, &mcp.ElicitParams{Mode: "form", Message: msg, RequestedSchema: approvalSchema})
+	res, err := c.req.Session.Elicit(actx, params)
 	var a approval
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -224,22 +241,45 @@ func (d *Deps) ask(ctx context.Context, c *call, sb networkSandbox, id, tool, ho
 		a = approval{answer: AnswerTimeout, detail: fmt.Sprintf("no answer within %s", wait)}
 	case err != nil:
 		a = approval{answer: AnswerFailed, detail: "the client could not ask: " + err.Error()}
-	case res.Action == "accept" && res.Content["decision"] == "allow":
-		if err := sb.ApproveHost(host, port); err != nil {
-			a = approval{answer: AnswerFailed, detail: "the person allowed it, but " + err.Error()}
-		} else {
-			a = approval{answer: AnswerApproved}
-		}
-	case res.Action == "accept":
-		a = approval{answer: AnswerDenied}
-	case res.Action == "decline":
-		a = approval{answer: AnswerDeclined}
 	default:
-		a = approval{answer: AnswerCancelled, detail: "the person dismissed the question"}
+		a = d.settle(sb, q, res)
+	}
+	d.answered(rec, sb, q, a)
+	return a
+}
+
+func (d *Deps) questionParams(sb Sandbox, q question) *mcp.ElicitParams {
+	return &mcp.ElicitParams{Mode: "form", Message: approvalQuestion(sb.ID(), q.host, q.port, q.pattern), RequestedSchema: approvalSchema}
+}
+
+// settle acts on the person's answer res (nil: none came).
+func (d *Deps) settle(sb Sandbox, q question, res *mcp.ElicitResult) approval {
+	switch {
+	case res == nil:
+		return approval{answer: AnswerCancelled, detail: "the client sent no answer"}
+	case res.Action == "accept" && res.Content["decision"] == "allow":
+		if err := sb.(networkSandbox).ApproveHost(q.host, q.port); err != nil {
+			return approval{answer: AnswerFailed, detail: "the person allowed it, but " + err.Error()}
+		}
+		return approval{answer: AnswerApproved}
+	case res.Action == "accept":
+		return approval{answer: AnswerDenied}
+	case res.Action == "decline":
+		return approval{answer: AnswerDeclined}
+	}
+	return approval{answer: AnswerCancelled, detail: "the person dismissed the question"}
+}
+
+// answered records an answer: in the audit log, the server log, and for a
+// denial, as final for the sandbox.
+func (d *Deps) answered(rec ApprovalRecord, sb Sandbox, q question, a approval) {
+	if a.answer == AnswerDenied || a.answer == AnswerDeclined {
+		d.approvals.mu.Lock()
+		d.approvals.of(sb.ID()).final[hostPort(q.host, q.port)] = a.answer
+		d.approvals.mu.Unlock()
 	}
 	d.recordApproval(rec, "answer", a.answer, a.detail)
-	d.Logger.Info("network approval", "sandbox", id, "host", host, "port", port, "pattern", pattern, "answer", a.answer, "detail", a.detail)
-	return a
+	d.Logger.Info("network approval", "sandbox", sb.ID(), "host", q.host, "port", q.port, "pattern", q.pattern, "answer", a.answer, "detail", a.detail)
 }
 
 func (d *Deps) recordApproval(r ApprovalRecord, event, answer, detail string) {
@@ -282,4 +322,122 @@ func parseApprovable(patterns []string) *netproxy.Allowlist {
 		return nil
 	}
 	return a
+}
+
+// On 2026-07-28 a server may not send requests while it serves a call: the
+// questions go back as the call's result (inputRequests, SEP-2322), the
+// command's result waits on the server under an unguessable requestState,
+// and the client calls again with the person's answers, which settle the
+// questions and release the result. The client's retry runs nothing again.
+
+// mrtrElicit reports whether the client of req speaks 2026-07-28 and
+// declared form elicitation.
+func mrtrElicit(req *mcp.CallToolRequest) bool {
+	if req == nil || req.Session == nil {
+		return false
+	}
+	ip := req.Session.InitializeParams()
+	if ip == nil || ip.ProtocolVersion < "2026-07-28" || ip.Capabilities == nil || ip.Capabilities.Elicitation == nil {
+		return false
+	}
+	e := ip.Capabilities.Elicitation
+	return e.Form != nil || e.URL == nil
+}
+
+// Bounds of the results waiting for answers (2026-07-28).
+const (
+	maxPendingApprovals = 256
+	pendingApprovalTTL  = 15 * time.Minute
+)
+
+// pendingApproval is a result waiting for a person's answers.
+type pendingApproval struct {
+	sandbox, owner string
+	questions      map[string]question // by input request id
+	answers        map[string]approval // answered before
+	finish         any                 // func(*call, map[string]approval) (*mcp.CallToolResult, Out, error)
+	expires        time.Time
+}
+
+// approveThen settles a command's refusals and returns its result through
+// finish: the questions asked within the call (before 2026-07-28), or put
+// in an input-required result (2026-07-28).
+func approveThen[Out any](ctx context.Context, d *Deps, c *call, sb Sandbox, refused []session.NetworkRefusal,
+	finish func(*call, map[string]approval) (*mcp.CallToolResult, Out, error)) (*mcp.CallToolResult, Out, error) {
+	if !mrtrElicit(c.req) {
+		return finish(c, d.askApprovals(ctx, c, sb, refused))
+	}
+	qs, answers := d.questions(sb, refused, true)
+	if len(qs) == 0 {
+		return finish(c, answers)
+	}
+	p := &pendingApproval{sandbox: sb.ID(), owner: d.Sessions.Owner(c.req), questions: map[string]question{},
+		answers: answers, finish: finish, expires: time.Now().Add(pendingApprovalTTL)}
+	reqs := mcp.InputRequestMap{}
+	for i, q := range qs {
+		id := "approve-" + strconv.Itoa(i)
+		p.questions[id] = q
+		params := d.questionParams(sb, q)
+		reqs[id] = params
+		d.recordApproval(d.approvalRecord(c, sb, q), "question", "", params.Message)
+	}
+	token := netproxy.NewToken()
+	d.approvals.mu.Lock()
+	if d.approvals.pending == nil {
+		d.approvals.pending = map[string]*pendingApproval{}
+	}
+	now := time.Now()
+	for k, v := range d.approvals.pending {
+		if now.After(v.expires) {
+			delete(d.approvals.pending, k)
+		}
+	}
+	full := len(d.approvals.pending) >= maxPendingApprovals
+	if !full {
+		d.approvals.pending[token] = p
+	}
+	d.approvals.mu.Unlock()
+	if full {
+		return finish(c, answers) // no room to wait: today's refusal
+	}
+	var none Out
+	return &mcp.CallToolResult{InputRequests: reqs, RequestState: token}, none, nil
+}
+
+// resumeApproval serves a call that answers questions (2026-07-28): it
+// settles them with the person's answers and returns the waiting result.
+// resumed is false for a call that carries no requestState.
+func resumeApproval[Out any](d *Deps, c *call, sb Sandbox) (res *mcp.CallToolResult, out Out, err error, resumed bool) {
+	token := c.req.Params.RequestState
+	if token == "" {
+		return nil, out, nil, false
+	}
+	d.approvals.mu.Lock()
+	p := d.approvals.pending[token]
+	if p != nil && p.sandbox == sb.ID() && p.owner == d.Sessions.Owner(c.req) {
+		delete(d.approvals.pending, token)
+	} else {
+		p = nil
+	}
+	d.approvals.mu.Unlock()
+	finish, ok := any(nil), false
+	if p != nil {
+		finish = p.finish
+	}
+	f, ok := finish.(func(*call, map[string]approval) (*mcp.CallToolResult, Out, error))
+	if p == nil || !ok || time.Now().After(p.expires) {
+		return nil, out, errcode.Errorf(errcode.InvalidArgument, "this call answers questions the server no longer waits for (they expired after %s, or were answered); run the command again", pendingApprovalTTL), true
+	}
+	answers := p.answers
+	if answers == nil {
+		answers = map[string]approval{}
+	}
+	for id, q := range p.questions {
+		er, _ := c.req.Params.InputResponses[id].(*mcp.ElicitResult)
+		a := d.settle(sb, q, er)
+		answers[hostPort(q.host, q.port)] = a
+		d.answered(d.approvalRecord(c, sb, q), sb, q, a)
+	}
+	res, out, err = f(c, answers)
+	return res, out, err, true
 }

@@ -126,14 +126,13 @@ func TestApprovalAsksWithinTheCall(t *testing.T) {
 	}
 }
 
-// A client without elicitation, and a 2026-07-28 client (where a server
-// may not ask during a call, and the multi-round-trip form is not built),
-// get today's refusal: nobody is asked, nothing is approved.
+// A client without elicitation gets today's refusal, on either revision:
+// nobody is asked, nothing is approved.
 func TestApprovalNotAsked(t *testing.T) {
 	for _, tc := range []struct {
 		version string
 		elicit  bool
-	}{{"2025-11-25", false}, {"2026-07-28", true}} {
+	}{{"2025-11-25", false}, {"2026-07-28", false}} {
 		var asked atomic.Int64
 		var h func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error)
 		if tc.elicit {
@@ -147,5 +146,57 @@ func TestApprovalNotAsked(t *testing.T) {
 		if asked.Load() != 0 || len(sb.approved) != 0 || !strings.Contains(out["hint"].(string), "only the server's operator can allow another host") {
 			t.Errorf("%s (elicitation %v): asked %d, approved %v, %v", tc.version, tc.elicit, asked.Load(), sb.approved, out)
 		}
+	}
+}
+
+// On 2026-07-28 the question goes back as an input-required result; the
+// go-sdk client asks its handler and calls again with the answer, which
+// approves the host and releases the result of the command, run once.
+func TestApprovalMultiRoundTrip(t *testing.T) {
+	for _, tc := range []struct{ decision, want string }{
+		{"allow", "a person approved pypi.org:443 for this sandbox just now: run the command again"},
+		{"deny", "a person was asked and denied pypi.org:443"},
+	} {
+		var asked atomic.Int64
+		cs, sb := approvalRig(t, "2026-07-28", time.Minute, func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked.Add(1)
+			if !strings.Contains(r.Params.Message, "pypi.org:443") {
+				t.Errorf("message %q", r.Params.Message)
+			}
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": tc.decision}}, nil
+		})
+		if v := cs.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+			t.Fatalf("negotiated %s", v)
+		}
+		out := execHint(t, cs)
+		if !strings.Contains(out["hint"].(string), tc.want) || asked.Load() != 1 {
+			t.Fatalf("%s: asked %d, %v", tc.decision, asked.Load(), out)
+		}
+		if approved := len(sb.approved) == 1; approved != (tc.decision == "allow") {
+			t.Errorf("%s: approved %v", tc.decision, sb.approved)
+		}
+		execs := 0
+		for _, c := range sb.f.made() {
+			if strings.HasPrefix(c, "Exec") {
+				execs++
+			}
+		}
+		if execs != 1 {
+			t.Errorf("%s: the command ran %d times, want once", tc.decision, execs)
+		}
+	}
+}
+
+// A retry whose requestState the server does not hold (forged, expired or
+// used) runs nothing and approves nothing.
+func TestApprovalUnknownState(t *testing.T) {
+	cs, sb := approvalRig(t, "2026-07-28", time.Minute, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: NameExec, Arguments: map[string]any{"argv": []string{"true"}},
+		RequestState: "forged", InputResponses: mcp.InputResponseMap{"approve-0": &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "allow"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.IsError || !strings.Contains(text(res), "no longer waits for") || len(sb.approved) != 0 || len(sb.f.made()) != 0 {
+		t.Fatalf("%s; approved %v; calls %v", text(res), sb.approved, sb.f.made())
 	}
 }

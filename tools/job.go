@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -107,6 +108,9 @@ func (d *Deps) checkJob(in JobIn) (JobIn, error) {
 }
 
 func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.CallToolResult, JobOut, error) {
+	if res, out, err, resumed := resumeApproval[JobOut](d, c, sb); resumed {
+		return res, out, err
+	}
 	out := JobOut{Sandbox: sb.ID()}
 	p := d.Policy
 	if in.Job == "" {
@@ -182,12 +186,16 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, in JobIn) (*mcp.Cal
 		notes = append(notes, longLog)
 	}
 	failed := st.State != agentproto.JobRunning && st.ExitCode != 0
-	answers := d.askApprovals(ctx, c, sb, NameJob, res.NetworkRefused)
-	denied, netHint := networkNotes(p, res.NetworkRefused, answers, failed, out.Stdout, out.Stderr)
-	out.NetworkDenied = denied
-	notes = append(notes, netHint)
-	out.Hint = joinHints(notes...)
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
+	finish := func(c *call, answers map[string]approval) (*mcp.CallToolResult, JobOut, error) {
+		out := out
+		notes := slices.Clone(notes)
+		denied, netHint := networkNotes(p, res.NetworkRefused, answers, failed, out.Stdout, out.Stderr)
+		out.NetworkDenied = denied
+		notes = append(notes, netHint)
+		out.Hint = joinHints(notes...)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
+	}
+	return approveThen(ctx, d, c, sb, res.NetworkRefused, finish)
 }
 
 func jobEntry(j session.JobInfo) JobEntry {

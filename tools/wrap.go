@@ -232,6 +232,9 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		if res == nil {
 			res = &mcp.CallToolResult{}
 		}
+		if res.InputRequests != nil {
+			return res, nil, nil // questions for the person (2026-07-28): no content
+		}
 		if _, none := any(out).(noOutput); none {
 			return res, nil, nil // a tool without an output schema
 		}
