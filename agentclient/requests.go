@@ -96,6 +96,9 @@ type NetworkRefusal struct {
 	Host   string
 	Port   int
 	Reason string // the proxy's sentence, as the client got it
+	// Unlisted: the host is on none of the sandbox's lists, and it did not
+	// drop it; approving it (Sandbox.ApproveHost) would lift the refusal.
+	Unlisted bool
 }
 
 // Grace periods the server gives the agent beyond a command's own deadline

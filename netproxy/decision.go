@@ -25,17 +25,21 @@ const maxLoggedHost = 256
 // kind in an interval is recorded as it happens, and a summary with the
 // count of its repeats when the interval ends.
 type Decision struct {
-	Sandbox    string       // the id given to Serve
-	Client     netip.Addr   // the address the request came from (unmapped, no zone); zero in an aggregate of several kinds
-	Host       string       // the host as requested (for a malformed request, the raw target), at most 256 bytes
-	Normalized string       // the normalised host name; "" if the target was not a valid name
-	Port       int          // the requested port; 0 if it could not be parsed
-	Allow      bool         // true if a tunnel was established
-	Reason     string       // why: the refusal sentence sent to the client, or "allowed by <rule>"
-	Rule       string       // the matching allowlist entry; "" if none matched
-	Resolved   []netip.Addr // every address the resolver returned, as returned but with zones stripped; nil if no lookup was made
-	Addr       netip.Addr   // the address dialled, or the first one refused (unmapped, no zone); zero if none
-	Status     int          // the HTTP status sent: 200, 400, 403, 405, 408, 429, 431, 502, 503 or 504
+	Sandbox    string     // the id given to Serve
+	Client     netip.Addr // the address the request came from (unmapped, no zone); zero in an aggregate of several kinds
+	Host       string     // the host as requested (for a malformed request, the raw target), at most 256 bytes
+	Normalized string     // the normalised host name; "" if the target was not a valid name
+	Port       int        // the requested port; 0 if it could not be parsed
+	Allow      bool       // true if a tunnel was established
+	Reason     string     // why: the refusal sentence sent to the client, or "allowed by <rule>"
+	Rule       string     // the matching allowlist entry; "" if none matched
+	// Unlisted marks a refusal of a host that is on none of the sandbox's
+	// lists (base or approved) and that it did not drop: the refusal that
+	// approving the host (Proxy.Approve) would lift.
+	Unlisted bool
+	Resolved []netip.Addr // every address the resolver returned, as returned but with zones stripped; nil if no lookup was made
+	Addr     netip.Addr   // the address dialled, or the first one refused (unmapped, no zone); zero if none
+	Status   int          // the HTTP status sent: 200, 400, 403, 405, 408, 429, 431, 502, 503 or 504
 	// Duration runs from the end of the request header to the response: the
 	// time the proxy spent deciding, resolving and connecting. It is zero
 	// for requests refused while their header was read, and in summaries.

@@ -434,15 +434,10 @@ func (p *Proxy) decide(ctx context.Context, req *request, d *Decision, sb *sandb
 	}
 	d.Normalized = t.norm
 	hostport := quote(t.norm + ":" + strconv.Itoa(t.port))
-	allow := p.allowFor(sb.id)
-	rule, ok := allow.Match(t.norm, t.port)
-	if !ok {
-		reason := fmt.Sprintf("%s is not on this server's --allow-host list; use an allowed host, or ask the operator to add it", hostport)
-		if ports := allow.ports(t.norm); len(ports) > 0 {
-			reason = fmt.Sprintf("%s is not on this server's --allow-host list: %s is allowed on port %s only",
-				hostport, t.norm, joinInts(ports))
-		}
-		return nil, &refusal{http.StatusForbidden, reason}, nil
+	rule, ref, unlisted := p.match(sb.id, t.norm, t.port)
+	if ref != nil {
+		d.Unlisted = unlisted
+		return nil, ref, nil
 	}
 	d.Rule = rule
 

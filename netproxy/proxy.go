@@ -251,6 +251,7 @@ type Proxy struct {
 	deny      []netip.AddrPort           // cfg.DenyAddrs, normalised
 	tokens    map[[32]byte]*sandboxState // granted credentials (Grant), by token hash
 	anon      *sandboxState              // refusals of requests with no known credential
+	layers    map[string]*layer          // approved and narrowed hosts, by sandbox id, until Forget
 
 	secrets *secretSet // nil without Config.Secrets
 	shapes  shapes     // sandboxes' own allowlists and secrets (SetShape)

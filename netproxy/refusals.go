@@ -108,6 +108,9 @@ type Refusal struct {
 	Reason string    // the refusal sentence sent to the client
 	Last   time.Time // when the latest refusal of this kind happened
 	Count  int       // how many refusals of this kind the record has seen
+	// Unlisted: the host is on none of the sandbox's lists (see
+	// Decision.Unlisted); approving it would lift the refusal.
+	Unlisted bool
 }
 
 // recent keeps a sandbox's latest kinds of refusal for Proxy.Refusals.
@@ -135,7 +138,7 @@ func (r *recent) add(d *Decision, now time.Time) {
 	if len(r.kinds) >= MaxRecentRefusals {
 		r.kinds = append(r.kinds[:0:0], r.kinds[1:]...)
 	}
-	r.kinds = append(r.kinds, Refusal{Host: host, Port: d.Port, Status: d.Status, Reason: d.Reason, Last: now, Count: 1})
+	r.kinds = append(r.kinds, Refusal{Host: host, Port: d.Port, Status: d.Status, Reason: d.Reason, Last: now, Count: 1, Unlisted: d.Unlisted})
 }
 
 // since returns the kinds refused at or after t, oldest first.

@@ -78,12 +78,17 @@ const (
 	DefaultExecTimeout       = 60 * time.Second
 	DefaultMaxExecTimeout    = 10 * time.Minute
 	DefaultMaxCallWait       = 50 * time.Second
-	DefaultMaxImagePixels    = 40_000_000
-	DefaultMemory            = 1 << 30
-	DefaultCPUs              = 1.0
-	DefaultPids              = 256
-	DefaultMaxExecs          = 8
-	DefaultListEntries       = 200
+	// DefaultNetworkApprovalWait is how long a call waits for a person's
+	// answer to an approval question (--network-approval-wait), and
+	// MaxNetworkApprovalWait the most it may be set to.
+	DefaultNetworkApprovalWait = 2 * time.Minute
+	MaxNetworkApprovalWait     = 10 * time.Minute
+	DefaultMaxImagePixels      = 40_000_000
+	DefaultMemory              = 1 << 30
+	DefaultCPUs                = 1.0
+	DefaultPids                = 256
+	DefaultMaxExecs            = 8
+	DefaultListEntries         = 200
 	// DefaultMaxInflightBytes and DefaultMaxSessionInflightBytes bound the
 	// memory the server holds for tool calls in flight (see cost.go).
 	DefaultMaxInflightBytes        = 1 << 30
@@ -140,6 +145,13 @@ type Policy struct {
 	Network              NetworkMode `json:"network"`
 	AllowHosts           []string    `json:"allow_host,omitempty"`
 	AllowPrivateNetworks bool        `json:"allow_private_networks"`
+	// NetworkApproval is --network-approval: the hosts (allowlist
+	// patterns, "host[:port]" or "*.domain[:port]") a person may approve
+	// for one sandbox when the egress proxy refused it during a call. Empty:
+	// off, nobody is asked. NetworkApprovalWait bounds the wait for the
+	// person's answer (--network-approval-wait).
+	NetworkApproval     []string      `json:"network_approval,omitempty"`
+	NetworkApprovalWait time.Duration `json:"-"`
 
 	// MaxInflightBytes bounds the memory the server holds for the file,
 	// list, snapshot and resource calls in flight, and for large call
@@ -154,20 +166,21 @@ type Policy struct {
 // table).
 func Default() Policy {
 	return Policy{
-		Exec:              ExecAllow,
-		MaxFileBytes:      DefaultMaxFileBytes,
-		MaxOutputBytes:    DefaultMaxOutputBytes,
-		MaxJobOutputBytes: DefaultMaxJobOutputBytes,
-		MaxWorkspaceBytes: DefaultMaxWorkspaceBytes,
-		ExecTimeout:       DefaultExecTimeout,
-		MaxExecTimeout:    DefaultMaxExecTimeout,
-		MaxCallWait:       DefaultMaxCallWait,
-		MaxImagePixels:    DefaultMaxImagePixels,
-		Memory:            DefaultMemory,
-		CPUs:              DefaultCPUs,
-		Pids:              DefaultPids,
-		MaxExecs:          DefaultMaxExecs,
-		Network:           NetworkNone,
+		Exec:                ExecAllow,
+		MaxFileBytes:        DefaultMaxFileBytes,
+		MaxOutputBytes:      DefaultMaxOutputBytes,
+		MaxJobOutputBytes:   DefaultMaxJobOutputBytes,
+		MaxWorkspaceBytes:   DefaultMaxWorkspaceBytes,
+		ExecTimeout:         DefaultExecTimeout,
+		MaxExecTimeout:      DefaultMaxExecTimeout,
+		MaxCallWait:         DefaultMaxCallWait,
+		NetworkApprovalWait: DefaultNetworkApprovalWait,
+		MaxImagePixels:      DefaultMaxImagePixels,
+		Memory:              DefaultMemory,
+		CPUs:                DefaultCPUs,
+		Pids:                DefaultPids,
+		MaxExecs:            DefaultMaxExecs,
+		Network:             NetworkNone,
 
 		MaxInflightBytes:        DefaultMaxInflightBytes,
 		MaxSessionInflightBytes: DefaultMaxSessionInflightBytes,
@@ -248,6 +261,14 @@ func (p Policy) Validate() error {
 	case NetworkAllowlist:
 	default:
 		bad("--network=%q: use none or allowlist", p.Network)
+	}
+	if len(p.NetworkApproval) > 0 {
+		if p.Network != NetworkAllowlist {
+			bad("--network-approval needs --network=allowlist: a person approves hosts at the egress proxy")
+		}
+		if p.NetworkApprovalWait < time.Second || p.NetworkApprovalWait > MaxNetworkApprovalWait {
+			bad("--network-approval-wait must be between 1s and %s", MaxNetworkApprovalWait)
+		}
 	}
 	return errors.Join(errs...)
 }

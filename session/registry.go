@@ -470,6 +470,14 @@ func (m *Manager) Lookup(id, owner string) (*Sandbox, bool) {
 	return s, err == nil
 }
 
+// Peek returns the sandbox of key if there is one, without making one.
+func (m *Manager) Peek(key string) (*Sandbox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.byKey[key]
+	return s, s != nil
+}
+
 // Count returns the number of sandboxes, sessions' own and by handle.
 func (m *Manager) Count() int {
 	m.mu.Lock()
@@ -529,6 +537,9 @@ func (m *Manager) remove(s *Sandbox) {
 	m.mu.Lock()
 	delete(m.byID, s.id)
 	m.mu.Unlock()
+	if m.proxy != nil {
+		m.proxy.Forget(s.id) // its approved and narrowed hosts
+	}
 	m.pool.poke() // room for another warm container
 }
 

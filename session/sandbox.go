@@ -339,7 +339,7 @@ func (m *Manager) refusedSince(id string, t time.Time) []NetworkRefusal {
 	}
 	var out []NetworkRefusal
 	for _, r := range m.proxy.Refusals(id, t) {
-		out = append(out, NetworkRefusal{Host: r.Host, Port: r.Port, Reason: r.Reason})
+		out = append(out, NetworkRefusal{Host: r.Host, Port: r.Port, Reason: r.Reason, Unlisted: r.Unlisted})
 	}
 	return out
 }

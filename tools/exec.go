@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,6 +215,9 @@ func (pr program) decide(p policy.Policy, in execReq) policy.Decision {
 }
 
 func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.CallToolResult, ExecOut, error) {
+	if res, out, err, resumed := resumeApproval[ExecOut](d, c, sb); resumed {
+		return res, out, err // the person's answers to this command's questions (2026-07-28)
+	}
 	out := ExecOut{Sandbox: sb.ID()}
 	p := d.Policy
 	cwd, env, timeout, mistake := in.Cwd, in.env, in.timeout, in.mistake
@@ -326,37 +330,42 @@ func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.
 		notes = append(notes, outOfMemory(p))
 	}
 	failed := res.TimedOut || (!res.Running && res.ExitCode != 0)
-	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
-	out.NetworkDenied = denied
-	notes = append(notes, netHint)
-	if res.PipesHeld {
-		notes = append(notes, fmt.Sprintf("A process the command started (or one that took its output) still holds its stdout or stderr, so the result has what was read until the command ended; "+
-			"what it writes later is kept in job %s (sandbox_job reads it). Redirect a background process's output (> file 2>&1 &) so the call need not wait for it", res.Job))
-	}
-	for _, s := range streams {
-		notes = append(notes, s.note())
-		if !utf8.Valid(s.head) || !utf8.Valid(s.tail) {
-			notes = append(notes, s.name+" was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64)")
+	finish := func(c *call, answers map[string]approval) (*mcp.CallToolResult, ExecOut, error) {
+		out := out
+		notes := slices.Clone(notes)
+		denied, netHint := networkNotes(p, res.NetworkRefused, answers, failed, out.Stdout, out.Stderr)
+		out.NetworkDenied = denied
+		notes = append(notes, netHint)
+		if res.PipesHeld {
+			notes = append(notes, fmt.Sprintf("A process the command started (or one that took its output) still holds its stdout or stderr, so the result has what was read until the command ended; "+
+				"what it writes later is kept in job %s (sandbox_job reads it). Redirect a background process's output (> file 2>&1 &) so the call need not wait for it", res.Job))
 		}
-	}
-	// Output past a few results' worth, or more than its job keeps, is
-	// better sent to a file and searched.
-	if res.StdoutOmitted+res.StderrOmitted > 3*p.MaxOutputBytes || res.StdoutDropped+res.StderrDropped > 0 {
-		notes = append(notes, longLog)
-	}
-	notes = append(notes, mistake)
-	out.Hint = joinHints(notes...)
-	c.exit = out.ExitCode
-	c.bytes = int64(len(out.Stdout) + len(out.Stderr))
+		for _, s := range streams {
+			notes = append(notes, s.note())
+			if !utf8.Valid(s.head) || !utf8.Valid(s.tail) {
+				notes = append(notes, s.name+" was not valid UTF-8 (invalid bytes are shown as U+FFFD); redirect it to a file and read that with sandbox_read_file for the exact bytes (base64)")
+			}
+		}
+		// Output past a few results' worth, or more than its job keeps, is
+		// better sent to a file and searched.
+		if res.StdoutOmitted+res.StderrOmitted > 3*p.MaxOutputBytes || res.StdoutDropped+res.StderrDropped > 0 {
+			notes = append(notes, longLog)
+		}
+		notes = append(notes, mistake)
+		out.Hint = joinHints(notes...)
+		c.exit = out.ExitCode
+		c.bytes = int64(len(out.Stdout) + len(out.Stderr))
 
-	// Every client shows the model one of the two copies, the structured
-	// content or the text, so the text carries the output too (the output
-	// cap bounds both).
-	result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
-	if out.TimedOut {
-		result.SetError(timedOut(timeout)) // the text below starts with it
+		// Every client shows the model one of the two copies, the structured
+		// content or the text, so the text carries the output too (the output
+		// cap bounds both).
+		result := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderExec(out)}}}
+		if out.TimedOut {
+			result.SetError(timedOut(timeout)) // the text below starts with it
+		}
+		return result, out, nil
 	}
-	return result, out, nil
+	return approveThen(ctx, d, c, sb, res.NetworkRefused, finish)
 }
 
 // timedOut is the error of a command killed at its timeout.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,6 +129,9 @@ func (d *Deps) checkJob(in JobIn) (jobReq, error) {
 
 func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, jr jobReq) (*mcp.CallToolResult, JobOut, error) {
 	in := jr.JobIn
+	if res, out, err, resumed := resumeApproval[JobOut](d, c, sb); resumed {
+		return res, out, err
+	}
 	out := JobOut{Sandbox: sb.ID()}
 	p := d.Policy
 	if in.Job == "" {
@@ -215,11 +219,16 @@ func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, jr jobReq) (*mcp.Ca
 		notes = append(notes, longLog)
 	}
 	failed := st.State != agentproto.JobRunning && st.ExitCode != 0
-	denied, netHint := networkNotes(p, res.NetworkRefused, failed, out.Stdout, out.Stderr)
-	out.NetworkDenied = denied
-	notes = append(notes, netHint)
-	out.Hint = joinHints(notes...)
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
+	finish := func(c *call, answers map[string]approval) (*mcp.CallToolResult, JobOut, error) {
+		out := out
+		notes := slices.Clone(notes)
+		denied, netHint := networkNotes(p, res.NetworkRefused, answers, failed, out.Stdout, out.Stderr)
+		out.NetworkDenied = denied
+		notes = append(notes, netHint)
+		out.Hint = joinHints(notes...)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: renderJob(out)}}}, out, nil
+	}
+	return approveThen(ctx, d, c, sb, res.NetworkRefused, finish)
 }
 
 func jobEntry(j session.JobInfo) JobEntry {

@@ -3,7 +3,6 @@ package tools
 import (
 	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -18,6 +17,8 @@ type NetworkDenied struct {
 	Host   string `json:"host,omitempty" jsonschema:"The host that was refused or could not be reached, when known."`
 	Port   int    `json:"port,omitempty" jsonschema:"Its port, when known."`
 	Reason string `json:"reason" jsonschema:"Why: the proxy's refusal, or what this sandbox's network allows."`
+	// Approved: a person allowed the host for this sandbox during the call.
+	Approved bool `json:"approved,omitempty" jsonschema:"True when a person allowed this host for this sandbox during the call: run the command again."`
 }
 
 // maxNetworkDenied bounds the entries a result lists (the proxy keeps at
@@ -83,19 +84,32 @@ const (
 // the resolution and connection failures its output shows. It returns the
 // structured entries and the hint sentence ("" when there is nothing to
 // say).
-func networkNotes(p policy.Policy, refused []session.NetworkRefusal, failed bool, output ...string) ([]NetworkDenied, string) {
+func networkNotes(p policy.Policy, refused []session.NetworkRefusal, answers map[string]approval, failed bool, output ...string) ([]NetworkDenied, string) {
 	var out []NetworkDenied
 	var sentences []string
+	operator := false
 	for _, r := range refused {
 		if len(out) == maxNetworkDenied {
 			break
 		}
-		out = append(out, NetworkDenied{Host: r.Host, Port: r.Port, Reason: r.Reason})
-		sentences = append(sentences, "the egress proxy refused "+hostPort(r.Host, r.Port)+": "+r.Reason)
+		nd := NetworkDenied{Host: r.Host, Port: r.Port, Reason: r.Reason}
+		sentence := "the egress proxy refused " + hostPort(r.Host, r.Port) + ": " + r.Reason
+		if a, ok := answers[hostPort(r.Host, r.Port)]; ok && a.answer != "" {
+			then := approvalSentence(p, r.Host, r.Port, a)
+			nd.Reason += "; " + then
+			sentence += "; " + then
+			if a.answer == AnswerApproved {
+				nd.Approved = true
+			}
+		} else if strings.Contains(r.Reason, "--allow-host") {
+			operator = true
+		}
+		out = append(out, nd)
+		sentences = append(sentences, sentence)
 	}
 	if len(out) > 0 {
 		hint := strings.Join(sentences, "; ")
-		if slices.ContainsFunc(refused, func(r session.NetworkRefusal) bool { return strings.Contains(r.Reason, "--allow-host") }) {
+		if operator {
 			hint += fmt.Sprintf(" (allowed: %s); %s", allowedHosts(p), operatorAllow)
 		}
 		return out, upperFirst(hint)

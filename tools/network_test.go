@@ -57,7 +57,7 @@ func TestNetworkNotes(t *testing.T) {
 		"proxy refusal, other reason": {allow, []session.NetworkRefusal{{Host: "api.example.com", Port: 443, Reason: `"api.example.com" resolved to 10.0.0.1, a private address`}}, true, curlOut, "api.example.com",
 			[]string{"The egress proxy refused api.example.com:443: \"api.example.com\" resolved"}},
 	} {
-		got, hint := networkNotes(tc.p, tc.refused, tc.failed, tc.out)
+		got, hint := networkNotes(tc.p, tc.refused, nil, tc.failed, tc.out)
 		if tc.host == "-" {
 			if got != nil || hint != "" {
 				t.Errorf("%s: %+v %q, want nothing", name, got, hint)

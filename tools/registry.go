@@ -2,6 +2,8 @@ package tools
 
 import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 )
 
 // Tool is one tool as data: its definition and how to add it to a server.
@@ -21,7 +23,13 @@ func All(d *Deps) []Tool {
 	if d.versions == nil {
 		d.versions = newVersions()
 	}
-	return []Tool{
+	if d.approvals == nil {
+		d.approvals = &approvals{}
+	}
+	if d.approvableHosts == nil && d.Policy.Network == policy.NetworkAllowlist {
+		d.approvableHosts = parseApprovable(d.Policy.NetworkApproval)
+	}
+	all := []Tool{
 		tool(execDef(d.Policy), wrap(d, NameExec, (*Deps).checkExec, (*Deps).exec)),
 		tool(jobDef(d.Policy), wrap(d, NameJob, (*Deps).checkJob, (*Deps).job)),
 		tool(readDef(), wrap(d, NameReadFile, static(checkRead), (*Deps).readFile)),
@@ -39,6 +47,11 @@ func All(d *Deps) []Tool {
 		tool(endDef(), wrap(d, NameEnd, static(checkEnd), (*Deps).end)),
 		tool(exposeDef(), wrap(d, NameExpose, (*Deps).checkExpose, (*Deps).expose)),
 	}
+	if d.Policy.Network == policy.NetworkAllowlist {
+		// Only a sandbox with an egress proxy has hosts to drop.
+		all = append(all, tool(networkDef(), wrap(d, NameNetwork, (*Deps).checkNetwork, (*Deps).network)))
+	}
+	return all
 }
 
 func tool[In, Out any](def *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) Tool {

@@ -53,6 +53,10 @@ type PolicyView struct {
 	// Templates are the operator's named sandbox templates, each with
 	// its whole policy (what a sandbox made from it may do).
 	Templates []TemplateView `json:"templates,omitempty"`
+	// SandboxNetwork is the reading session's own sandbox's live
+	// allowlist (base, approved, dropped), once it has a sandbox and the
+	// server an egress proxy.
+	SandboxNetwork *NetworkOut `json:"sandbox_network,omitempty"`
 }
 
 // TemplateView is one operator template as the policy resource and the
@@ -96,7 +100,15 @@ func registerResources(s *mcp.Server, d *Deps) {
 		Description: "What this server lets a sandbox do: exec mode and allowlist, read-only workspace, size caps, timeouts, limits, network.",
 		MIMEType:    "application/json",
 	}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		b, err := json.MarshalIndent(d.PolicyView, "", "  ")
+		view := d.PolicyView
+		if sb, ok := d.Sessions.existing(req.Session); ok {
+			if nsb, ok := sb.(networkSandbox); ok {
+				if l, ok := nsb.NetworkLayers(); ok {
+					view.SandboxNetwork = &NetworkOut{Sandbox: sb.ID(), Base: l.Base, Approved: l.Approved, Dropped: l.Dropped, Offline: l.Offline}
+				}
+			}
+		}
+		b, err := json.MarshalIndent(view, "", "  ")
 		if err != nil {
 			return nil, err
 		}

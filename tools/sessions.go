@@ -74,6 +74,14 @@ func (m managerSandboxes) Sandbox(key, owner string) (Sandbox, error) {
 	return sb, nil
 }
 
+func (m managerSandboxes) Peek(key string) (Sandbox, bool) {
+	sb, ok := m.Manager.Peek(key)
+	if !ok {
+		return nil, false
+	}
+	return sb, true
+}
+
 func (m managerSandboxes) Lookup(id, owner string) (Sandbox, error) {
 	sb, err := m.Manager.Find(id, owner)
 	if err != nil {
@@ -179,6 +187,22 @@ func (s *Sessions) key(ss *mcp.ServerSession, owner string) string {
 		s.mu.Unlock()
 	}()
 	return k
+}
+
+// existing returns the MCP session's own sandbox if it has one, without
+// making one.
+func (s *Sessions) existing(ss *mcp.ServerSession) (Sandbox, bool) {
+	p, ok := s.m.(interface{ Peek(string) (Sandbox, bool) })
+	if !ok || ss == nil {
+		return nil, false
+	}
+	s.mu.Lock()
+	k, ok := s.keys[ss]
+	s.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return p.Peek(k)
 }
 
 // keyOf returns the sandbox key of an HTTP session id (see key).

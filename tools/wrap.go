@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -28,6 +29,9 @@ type Deps struct {
 	// and PreviewsOff says why (the tool's error names it).
 	Previews    Previews
 	PreviewsOff string
+	// AuditApproval, if set, receives every question put to a person
+	// about a refused host, and its answer (see approval.go).
+	AuditApproval func(ApprovalRecord)
 
 	// progressBeat, if set, replaces defaultProgressBeat (tests).
 	progressBeat time.Duration
@@ -42,6 +46,10 @@ type Deps struct {
 	// versions are the protocol versions sessions negotiated; All makes
 	// it.
 	versions *versions
+	// approvableHosts are Policy.NetworkApproval parsed (nil: off), and
+	// approvals what was asked per sandbox; All makes them.
+	approvableHosts *netproxy.Allowlist
+	approvals       *approvals // shared by the copies forCall makes; set by All
 }
 
 // Record describes one tool call, for the log and the audit log. It has no
@@ -289,6 +297,9 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 		}
 		if res == nil {
 			res = &mcp.CallToolResult{}
+		}
+		if res.InputRequests != nil {
+			return res, nil, nil // questions for the person (2026-07-28): no content
 		}
 		if _, none := any(out).(noOutput); none {
 			noticeFirst(res, c.notice)

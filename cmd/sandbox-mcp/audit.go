@@ -68,3 +68,12 @@ func auditTool(r tools.Record) audit.ToolRecord {
 		ExitCode: r.ExitCode, Bytes: r.Bytes, Duration: r.Duration,
 	}
 }
+
+// auditApproval is an approval question or answer as the audit log's
+// record of it.
+func auditApproval(r tools.ApprovalRecord) audit.ApprovalRecord {
+	return audit.ApprovalRecord{
+		Time: r.Time, Event: r.Event, Caller: r.Caller, Session: r.Session, Sandbox: r.Sandbox, Tool: r.Tool,
+		Host: r.Host, Port: r.Port, Pattern: r.Pattern, Answer: r.Answer, Detail: r.Detail,
+	}
+}

@@ -140,6 +140,8 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&bytesValue{&p.MaxSessionInflightBytes}, "max-session-inflight-bytes", "memory (`bytes`) one sandbox's calls in flight may hold at most, within --max-inflight-bytes")
 	fs.Var(&choice{v: (*string)(&p.Network), allowed: []string{"none", "allowlist"}}, "network", "`mode`: none (no network at all) or allowlist (an internal network whose only way out is the egress proxy)")
 	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
+	fs.Var(&listValue{v: &p.NetworkApproval, f: f}, "network-approval", "comma `list` (repeatable) of host[:port] or *.domain[:port] a person may approve for one sandbox when the proxy refuses it during a call (MCP elicitation; off when empty)")
+	fs.DurationVar(&p.NetworkApprovalWait, "network-approval-wait", p.NetworkApprovalWait, "longest a call waits for a person's answer to an approval question; no answer is a refusal")
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")
 	fs.IntVar(&cfg.Warm, "warm", cfg.Warm, "sandbox containers kept started ahead of need, so a new session's first call does not wait for one (they count against --max-sandboxes)")
@@ -368,6 +370,9 @@ func (c Config) Validate() error {
 		if len(c.Policy.AllowHosts) == 0 {
 			errs = append(errs, errors.New("--network=allowlist with no --allow-host lets nothing out; name the hosts to allow, or use --network=none"))
 		}
+	}
+	if _, err := netproxy.ParseAllowlist(c.Policy.NetworkApproval); err != nil {
+		errs = append(errs, fmt.Errorf("--network-approval: %w", err))
 	}
 	if c.Policy.AllowPrivateNetworks && c.Policy.Network != policy.NetworkAllowlist {
 		errs = append(errs, errors.New("--allow-private-networks needs --network=allowlist"))

@@ -136,6 +136,9 @@ type serverOpts struct {
 	image    string
 	// protocol is the MCP version the client asks for ("": the SDK's).
 	protocol string
+	// elicit, if set, answers the server's elicitation requests (the
+	// client then declares the capability).
+	elicit func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error)
 }
 
 // startServer runs the built binary with the test image and a fresh state
@@ -160,7 +163,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 			o.progress(r)
 		}
 		s.progressed(r)
-	}})
+	}, ElicitationHandler: o.elicit})
 	// The server answers at once and prepares its sandboxes in the
 	// background; a large image such as the default one may take minutes
 	// to prepare on a loaded engine (a probe container of it, a seed image

@@ -195,6 +195,12 @@ func (s *httpServer) tryConnect(token string) (*server, error) {
 
 // tryConnectAt is tryConnect asking for protocol version ("": the SDK's).
 func (s *httpServer) tryConnectAt(token, version string) (*server, error) {
+	return s.tryConnectWith(token, version, nil)
+}
+
+// tryConnectWith is tryConnectAt with a client that answers elicitation
+// requests with elicit (nil: a client without the capability).
+func (s *httpServer) tryConnectWith(token, version string, elicit func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error)) (*server, error) {
 	hc := &http.Client{Transport: http.DefaultTransport}
 	if token != "" {
 		hc.Transport = bearer{token, http.DefaultTransport}
@@ -202,7 +208,8 @@ func (s *httpServer) tryConnectAt(token, version string) (*server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c := &server{t: s.t, stderr: s.stderr, cli: s.cli, sandboxes: map[string]bool{}}
-	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) { c.progressed(r) }}
+	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) { c.progressed(r) },
+		ElicitationHandler: elicit}
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-e2e", Version: "0"}, opts).
 		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: hc}, copts(version))
 	if err != nil {

@@ -327,6 +327,7 @@ func newServer(cfg Config, m *session.Manager, sessions *tools.Sessions, mem *to
 	}
 	if auditLog != nil {
 		deps.Audit = func(r tools.Record) { auditLog.Record(auditTool(r)) }
+		deps.AuditApproval = func(r tools.ApprovalRecord) { auditLog.Approval(auditApproval(r)) }
 	}
 	tools.Register(s, deps)
 	return s

@@ -365,3 +365,35 @@ func (a *Log) Server(event, reason string) {
 		a.log.Error("audit log write failed", "err", err)
 	}
 }
+
+// KindApproval tags the record of a question put to a person about a host
+// the egress proxy refused a sandbox (--network-approval), or its answer.
+const KindApproval = "network_approval"
+
+// ApprovalRecord is the audit record of one approval question or its
+// answer: which sandbox, which host and port, the operator's pattern that
+// let the question be asked, and what the person answered (approved,
+// denied, declined, cancelled, timeout or failed).
+type ApprovalRecord struct {
+	Kind    string    `json:"kind"`
+	Time    time.Time `json:"time"`
+	Event   string    `json:"event"` // question or answer
+	Caller  string    `json:"caller,omitempty"`
+	Session string    `json:"session,omitempty"`
+	Sandbox string    `json:"sandbox"`
+	Tool    string    `json:"tool"`
+	Host    string    `json:"host"`
+	Port    int       `json:"port"`
+	Pattern string    `json:"pattern"`
+	Answer  string    `json:"answer,omitempty"`
+	Detail  string    `json:"detail,omitempty"` // the question's text, or what went wrong
+}
+
+// Approval appends an approval question or answer; a failed write is
+// logged.
+func (a *Log) Approval(r ApprovalRecord) {
+	r.Kind = KindApproval
+	if err := a.Write(r); err != nil {
+		a.log.Error("audit log write failed", "err", err)
+	}
+}

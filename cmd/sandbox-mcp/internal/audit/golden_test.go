@@ -42,6 +42,10 @@ func TestAuditLineFormat(t *testing.T) {
 		Duration: 1500 * time.Microsecond, Count: 1})
 	a.Proxy(netproxy.Decision{Sandbox: "sb-1", Host: "evil.com", Port: 443, Reason: "not allowed", Status: 403, Count: 41, Summary: true})
 	a.SecretUse(netproxy.SecretUse{Sandbox: "sb-1", Name: "GITHUB_TOKEN", Host: "api.github.com", Port: 443})
+	a.Approval(ApprovalRecord{Time: at, Event: "question", Caller: "tok-1a2b", Session: "sess-1", Sandbox: "sb-1", Tool: "sandbox_exec",
+		Host: "registry.npmjs.org", Port: 443, Pattern: "registry.npmjs.org:443", Detail: "The sandbox sb-1 tried to reach registry.npmjs.org:443 ..."})
+	a.Approval(ApprovalRecord{Time: at, Event: "answer", Caller: "tok-1a2b", Session: "sess-1", Sandbox: "sb-1", Tool: "sandbox_exec",
+		Host: "registry.npmjs.org", Port: 443, Pattern: "registry.npmjs.org:443", Answer: "approved"})
 	a.Server("stop", "stdin closed")
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
