@@ -206,4 +206,3 @@ func (s *Sandbox) forget() {
 		s.m.log.Warn("remove the record of an ended sandbox", "sandbox", s.id, "err", err)
 	}
 }
-

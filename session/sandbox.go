@@ -29,11 +29,11 @@ type Sandbox struct {
 	owner string
 	// key is the session's whose own sandbox this is; "" for one made by
 	// Create (handle), whose label and template are the caller's.
-	key      string
-	handle   bool
-	label    string
-	from     string // the snapshot Create made it from
-	created  time.Time
+	key     string
+	handle  bool
+	label   string
+	from    string // the snapshot Create made it from
+	created time.Time
 	// tpl is the template the sandbox was made from: its containers'
 	// image, limits, network, secrets, environment and seed, and the
 	// policy its calls are checked against.
@@ -53,7 +53,6 @@ type Sandbox struct {
 	lastUsed atomic.Int64 // unix nanos
 
 	closeOnce sync.Once
-
 
 	mu     sync.Mutex
 	busy   *transition // a start or an idle save under way, or nil
