@@ -148,6 +148,19 @@ func TestApprovalOverStdio(t *testing.T) {
 		checkApproved(t, s, a, target, audit)
 	})
 
+	// On 2026-07-28 the server may not send a request of its own: the
+	// question goes back in the tool result as an input request, the
+	// go-sdk client asks its handler and calls again with the answer.
+	t.Run("allow on 2026-07-28", func(t *testing.T) {
+		audit := filepath.Join(t.TempDir(), "audit.jsonl")
+		a := &answerer{action: "accept", decision: "allow"}
+		s := startServer(t, serverOpts{args: approvalArgs(target, audit), elicit: a.handle})
+		if v := s.cs.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+			t.Fatalf("negotiated %q, want 2026-07-28", v)
+		}
+		checkApproved(t, s, a, target, audit)
+	})
+
 	t.Run("deny", func(t *testing.T) {
 		audit := filepath.Join(t.TempDir(), "audit.jsonl")
 		a := &answerer{action: "accept", decision: "deny"}
@@ -275,6 +288,26 @@ func TestApprovalOverHTTP(t *testing.T) {
 	s, err := h.tryConnectWith("", "2025-11-25", a.handle)
 	if err != nil {
 		t.Fatal(err)
+	}
+	checkApproved(t, s, a, target, audit)
+}
+
+// TestApprovalOverHTTPSessionless: on 2026-07-28 over HTTP every request
+// has a session of its own, so the question goes back as an input request
+// and the answer comes on another request: it still reaches the call that
+// asked (here in the caller's default sandbox).
+func TestApprovalOverHTTPSessionless(t *testing.T) {
+	name, port := approvalUpstream(t)
+	target := fmt.Sprintf("%s:%d", name, port)
+	audit := filepath.Join(t.TempDir(), "audit.jsonl")
+	h := startHTTP(t, httpOpts{args: approvalArgs(target, audit, "--default-sandbox", "per-caller")})
+	a := &answerer{action: "accept", decision: "allow"}
+	s, err := h.tryConnectWith("", "", a.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := s.cs.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+		t.Fatalf("negotiated %q, want 2026-07-28", v)
 	}
 	checkApproved(t, s, a, target, audit)
 }
