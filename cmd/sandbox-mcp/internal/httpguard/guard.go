@@ -144,8 +144,8 @@ type Guard struct {
 	// over the same server: each request on a session of its own that
 	// ends with it.
 	stateless http.Handler
-	authed   http.Handler // token check, then serveMCP
-	log      *slog.Logger
+	authed    http.Handler // token check, then serveMCP
+	log       *slog.Logger
 }
 
 // New builds the request checks for server, and adds the per-caller call
