@@ -1,9 +1,10 @@
 package main
 
 // The server through a client nobody here wrote: mcp-go (a test-only
-// dependency; the binaries do not link it). It prefers MCP 2026-07-28,
-// closes its stdio pipes in its own order, and sends its HTTP DELETE
-// without per-request headers.
+// dependency; the binaries do not link it). It prefers MCP 2026-07-28
+// (server/discover, which this server answers), closes its stdio pipes in
+// its own order, and, on 2025-11-25, sends its HTTP DELETE without
+// per-request headers.
 
 import (
 	"archive/tar"
@@ -153,11 +154,41 @@ func TestMCPGoStdio(t *testing.T) {
 	testenv.WaitNoContainers(t, cli, docker.LabelSandbox, id, 30*time.Second)
 }
 
-// TestMCPGoHTTP: mcp-go's streamable HTTP client, with the token in its
-// HTTP client's transport, runs every tool; its Close (a DELETE) ends the
-// session and its sandbox at once.
+// TestMCPGoHTTP: mcp-go's streamable HTTP client on 2025-11-25 (the
+// initialize handshake, as clients without 2026-07-28 do), with the token
+// in its HTTP client's transport, runs every tool in its session's
+// sandbox; its Close (a DELETE) ends the session and its sandbox at once.
 func TestMCPGoHTTP(t *testing.T) {
 	s := startHTTP(t, httpOpts{env: []string{"SANDBOX_MCP_TOKEN=" + tokenA}})
+	tr, err := transport.NewStreamableHTTP(s.url, transport.WithHTTPBasicClient(&http.Client{Transport: bearer{tokenA, http.DefaultTransport}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mcpclient.NewClient(tr, mcpclient.WithLegacyProtocolOnly())
+	t.Cleanup(func() { c.Close() })
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	id := mcpgoRun(t, c)
+	if v := c.ProtocolVersion(); v != sessionsVersion {
+		t.Errorf("mcp-go negotiated %q, want %s", v, sessionsVersion)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	// Removed by the DELETE, long before --idle-timeout.
+	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 30*time.Second)
+	if !strings.Contains(s.stderr.String(), "session deleted: its sandbox was removed") {
+		t.Errorf("no DELETE in the log")
+	}
+}
+
+// TestMCPGoHTTPSessionless: mcp-go's streamable HTTP client at its own
+// preference, 2026-07-28, runs every tool without naming a sandbox on a
+// server with --default-sandbox=per-caller: all in its caller's default
+// sandbox, which outlives the client and goes when the server stops.
+func TestMCPGoHTTPSessionless(t *testing.T) {
+	s := startHTTP(t, httpOpts{env: []string{"SANDBOX_MCP_TOKEN=" + tokenA}, args: []string{"--default-sandbox", "per-caller"}})
 	c, err := mcpclient.NewStreamableHttpClient(s.url, transport.WithHTTPBasicClient(&http.Client{Transport: bearer{tokenA, http.DefaultTransport}}))
 	if err != nil {
 		t.Fatal(err)
@@ -167,12 +198,18 @@ func TestMCPGoHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := mcpgoRun(t, c)
+	if v := c.ProtocolVersion(); v != sessionless || c.GetSessionId() != "" {
+		t.Errorf("mcp-go negotiated %q with session %q, want %s without one", v, c.GetSessionId(), sessionless)
+	}
 	if err := c.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
-	// Removed by the DELETE, long before --idle-timeout.
-	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 30*time.Second)
-	if !strings.Contains(s.stderr.String(), "session deleted: its sandbox was removed") {
-		t.Errorf("no DELETE in the log")
+	time.Sleep(time.Second)
+	if n := len(testenv.Containers(t, s.cli, docker.LabelSandbox, id)); n != 1 {
+		t.Fatalf("the caller's default sandbox has %d containers after the client left", n)
 	}
+	if !s.stop(30 * time.Second) {
+		t.Fatal("the server did not stop in time")
+	}
+	testenv.WaitNoContainers(t, s.cli, docker.LabelSandbox, id, 30*time.Second)
 }

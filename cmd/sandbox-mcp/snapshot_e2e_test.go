@@ -20,6 +20,9 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
+// listedSnapshots returns the snapshots resources/list shows: a client at
+// sessionsVersion's (on 2026-07-28 lists never depend on earlier calls, and
+// list the policy alone).
 func listedSnapshots(t *testing.T, s *server) map[string]*mcp.Resource {
 	t.Helper()
 	res, err := s.cs.ListResources(context.Background(), nil)
@@ -40,7 +43,7 @@ func listedSnapshots(t *testing.T, s *server) map[string]*mcp.Resource {
 // restores it into a new session (a fork, across a restart).
 func TestSnapshotsAcrossRestarts(t *testing.T) {
 	state := t.TempDir()
-	a := startServer(t, serverOpts{args: []string{"--state-dir", state}})
+	a := startServer(t, serverOpts{args: []string{"--state-dir", state}, protocol: sessionsVersion})
 	a.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "mkdir -p src && echo v1 > src/a.txt && ln -s src/a.txt link"}})
 	snap := a.ok("sandbox_snapshot", map[string]any{"label": "v1"})
 	id := snap["id"].(string)
@@ -57,7 +60,7 @@ func TestSnapshotsAcrossRestarts(t *testing.T) {
 	}
 	a.cs.Close()
 
-	b := startServer(t, serverOpts{args: []string{"--state-dir", state}})
+	b := startServer(t, serverOpts{args: []string{"--state-dir", state}, protocol: sessionsVersion})
 	if _, ok := listedSnapshots(t, b)[id]; !ok {
 		t.Fatal("the snapshot did not survive the restart")
 	}
@@ -76,7 +79,7 @@ func TestSnapshotsAcrossRestarts(t *testing.T) {
 }
 
 func TestSnapshotRetentionFlags(t *testing.T) {
-	s := startServer(t, serverOpts{args: []string{"--snapshot-max-count", "3", "--snapshot-max-count-per-caller", "2"}})
+	s := startServer(t, serverOpts{args: []string{"--snapshot-max-count", "3", "--snapshot-max-count-per-caller", "2"}, protocol: sessionsVersion})
 	var ids []string
 	for range 3 {
 		ids = append(ids, s.ok("sandbox_snapshot", nil)["id"].(string))
