@@ -133,7 +133,7 @@ func TestEndWithSnapshotThenCreateFromIt(t *testing.T) {
 	_, err = m.Create(ctx, "bob", CreateOptions{Snapshot: saved.ID})
 	wantCode(t, err, errcode.NotFound)
 	_, err = m.Create(ctx, "alice", CreateOptions{Template: "python"})
-	if e := wantCode(t, err, errcode.NotFound); !strings.Contains(e.Message, "default") {
+	if e := wantCode(t, err, errcode.InvalidArgument); !strings.Contains(e.Message, "default") {
 		t.Fatalf("an unknown template: %s", e.Message)
 	}
 }

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,7 +13,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -313,11 +313,11 @@ func approvalSentence(p policy.Policy, host string, port int, a approval) string
 
 // parseApprovable parses the operator's patterns; nil when there are none
 // (the server's configuration was checked at start).
-func parseApprovable(patterns []string) *netproxy.Allowlist {
+func parseApprovable(patterns []string) *session.HostPatterns {
 	if len(patterns) == 0 {
 		return nil
 	}
-	a, err := netproxy.ParseAllowlist(patterns)
+	a, err := session.ParseHostPatterns(patterns)
 	if err != nil {
 		return nil
 	}
@@ -381,7 +381,7 @@ func approveThen[Out any](ctx context.Context, d *Deps, c *call, sb Sandbox, ref
 		reqs[id] = params
 		d.recordApproval(d.approvalRecord(c, sb, q), "question", "", params.Message)
 	}
-	token := netproxy.NewToken()
+	token := rand.Text() // 130 bits
 	d.approvals.mu.Lock()
 	if d.approvals.pending == nil {
 		d.approvals.pending = map[string]*pendingApproval{}

@@ -9,14 +9,14 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
+	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
 
 // NameNetwork is the name of the tool that narrows a sandbox's network.
 const NameNetwork = "sandbox_network"
 
 // maxDropArg bounds the entries one call may drop.
-const maxDropArg = netproxy.MaxDropped
+const maxDropArg = session.MaxDroppedHosts
 
 // NetworkIn is sandbox_network's input. Nothing in it can allow a host.
 type NetworkIn struct {
@@ -56,7 +56,7 @@ func networkDef() *mcp.Tool {
 
 func (d *Deps) checkNetwork(in NetworkIn) (NetworkIn, error) {
 	if len(in.Drop) > 0 {
-		if _, err := netproxy.ParseAllowlist(in.Drop); err != nil {
+		if _, err := session.ParseHostPatterns(in.Drop); err != nil {
 			return in, errcode.Errorf(errcode.InvalidArgument, "drop: %v", err)
 		}
 	}

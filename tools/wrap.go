@@ -11,7 +11,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
-	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session"
 )
@@ -48,7 +47,7 @@ type Deps struct {
 	versions *versions
 	// approvableHosts are Policy.NetworkApproval parsed (nil: off), and
 	// approvals what was asked per sandbox; All makes them.
-	approvableHosts *netproxy.Allowlist
+	approvableHosts *session.HostPatterns
 	approvals       *approvals // shared by the copies forCall makes; set by All
 }
 
