@@ -422,9 +422,6 @@ func TestHTTPHostAndOrigin(t *testing.T) {
 		{"Origin of a look-alike", with(sess, "Origin", "https://tools.example.evil.net")},
 		{"Origin of another port", with(sess, "Origin", "http://127.0.0.1:1")},
 		{"two Origins", with(sess, "Origin", "https://tools.example", "Origin", "https://evil.example")},
-		// The listener serves previews, pages the sandboxed code writes:
-		// its own origin may not call /mcp (docs/previews.md).
-		{"the server's own origin", with(sess, "Origin", "http://127.0.0.1:"+s.port)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
@@ -446,6 +443,7 @@ func TestHTTPHostAndOrigin(t *testing.T) {
 	}{
 		{"no Origin (a CLI client)", sess},
 		{"an allowed Origin", with(sess, "Origin", "https://tools.example")},
+		{"the server's own origin", with(sess, "Origin", "http://127.0.0.1:"+s.port)},
 		{"Host localhost", with(sess, "Host", "localhost:"+s.port)},
 		{"Host of the reverse proxy", with(sess, "Host", "MCP-Proxy.example.")},
 	} {

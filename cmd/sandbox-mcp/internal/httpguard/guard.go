@@ -314,13 +314,6 @@ func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, http.StatusForbidden, fmt.Sprintf("Origin %q may not call this server; its operator can allow it with --allow-origin", strings.Join(origins, ", ")))
 		return
 	}
-	if origins := r.Header.Values("Origin"); len(origins) > 0 && g.preview != nil && !g.listed(origins[0]) {
-		// The server's own origin serves previews, pages the sandboxed
-		// code writes: none of them may call /mcp from a person's
-		// browser. (No MCP client runs on this origin.)
-		g.refuse(w, r, http.StatusForbidden, "a page of this server's origin (a preview) may not call /mcp; its operator can allow an origin with --allow-origin")
-		return
-	}
 	if len(g.tokens) == 0 {
 		g.serveMCP(w, r)
 		return

@@ -11,9 +11,9 @@ import (
 )
 
 // TestPreviewsBehindTheGuard: on the --http listener, /preview/ is served
-// without a token but behind the Host and Origin checks, and /mcp then
-// refuses a request from its own origin (a preview's page) while a client
-// with no Origin, or an --allow-origin one, still reaches the token check.
+// without a token but behind the Host and Origin checks, while a client
+// of /mcp with no Origin, or an --allow-origin one, still reaches the
+// token check.
 // PreviewHandler applies the same Host and Origin checks on a listener of
 // its own.
 func TestPreviewsBehindTheGuard(t *testing.T) {
@@ -40,7 +40,6 @@ func TestPreviewsBehindTheGuard(t *testing.T) {
 		{h, "/preview/tok/", "127.0.0.1:8080", "http://127.0.0.1:8080", 200},
 		{h, "/preview/tok/", "evil.example", "", 403},
 		{h, "/preview/tok/", "127.0.0.1:8080", "https://evil.example", 403},
-		{h, "/mcp", "127.0.0.1:8080", "http://127.0.0.1:8080", 403},
 		{h, "/mcp", "127.0.0.1:8080", "", 401},
 		{h, "/mcp", "127.0.0.1:8080", "https://tools.example", 401},
 		{own, "/preview/tok/", "localhost:8080", "", 200},
