@@ -62,6 +62,19 @@ var agentKinds = map[agentproto.Kind]bool{
 	agentproto.KindPortClose: true,
 }
 
+// newConn returns a connection writing requests to w, not yet reading.
+func newConn(w io.Writer, raw io.Closer, log *slog.Logger) *Conn {
+	c := &Conn{
+		log:   log,
+		raw:   raw,
+		w:     agentproto.NewWriter(w),
+		calls: make(map[uint64]*pending),
+		dead:  make(chan struct{}),
+	}
+	c.w.MaxHeader = agentproto.MaxRequestHeader
+	return c
+}
+
 // New takes over the agent's stream: r carries the agent's frames and
 // nothing else, w takes the server's frames, and closing raw ends both (and
 // with them the agent). It waits until ctx ends for the agent's hello, checks
@@ -71,14 +84,7 @@ var agentKinds = map[agentproto.Kind]bool{
 // later server can take the agent over (Resume) after this one is gone,
 // and the agent outlives a stream that breaks inside a frame.
 func New(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, lease time.Duration, token string, log *slog.Logger) (*Conn, error) {
-	c := &Conn{
-		log:   log,
-		raw:   raw,
-		w:     agentproto.NewWriter(w),
-		calls: make(map[uint64]*pending),
-		dead:  make(chan struct{}),
-	}
-	c.w.MaxHeader = agentproto.MaxRequestHeader
+	c := newConn(w, raw, log)
 	reader := agentproto.NewReader(r)
 
 	type helloOrErr struct {

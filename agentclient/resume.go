@@ -49,14 +49,7 @@ func Resume(ctx context.Context, r io.Reader, w io.Writer, raw io.Closer, token 
 		raw.Close()
 		return nil, res, errors.New("no resume token: the agent was started without one")
 	}
-	c := &Conn{
-		log:   log,
-		raw:   raw,
-		w:     agentproto.NewWriter(w),
-		calls: make(map[uint64]*pending),
-		dead:  make(chan struct{}),
-	}
-	c.w.MaxHeader = agentproto.MaxRequestHeader
+	c := newConn(w, raw, log)
 	reader := agentproto.NewReader(r)
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	defer stop()

@@ -306,15 +306,8 @@ func (m *Manager) End(ctx context.Context, id, owner string, snapshotFirst bool)
 // gone; nothing (nil) if it never started.
 func (s *Sandbox) save(ctx context.Context, label string) (*snapshot.Info, error) {
 	s.mu.Lock()
-	for s.busy != nil {
-		p := s.busy
-		s.mu.Unlock()
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		}
-		s.mu.Lock()
+	if err := s.awaitTransition(ctx); err != nil {
+		return nil, err
 	}
 	up := s.cur != nil && s.cur.conn.Err() == nil
 	pending := s.restoreFrom

@@ -131,19 +131,29 @@ func call[T any](ctx context.Context, s *Sandbox, f func(context.Context, *insta
 	return res, s.failed(inst, err)
 }
 
-// ready returns the running container, starting one if there is none. The
-// start runs outside s.mu, so a call waiting for it can give up.
-func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
-	s.mu.Lock()
+// awaitTransition waits, with s.mu held, until no start or idle save is
+// under way. It returns with s.mu held, or, when ctx ends first, with s.mu
+// released and ctx's cause.
+func (s *Sandbox) awaitTransition(ctx context.Context) error {
 	for s.busy != nil {
 		p := s.busy
 		s.mu.Unlock()
 		select {
 		case <-p.done:
 		case <-ctx.Done():
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
 		s.mu.Lock()
+	}
+	return nil
+}
+
+// ready returns the running container, starting one if there is none. The
+// start runs outside s.mu, so a call waiting for it can give up.
+func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
+	s.mu.Lock()
+	if err := s.awaitTransition(ctx); err != nil {
+		return nil, err
 	}
 	if s.closed {
 		gone := s.gone
