@@ -18,20 +18,24 @@ import (
 // input goes into the one stdin pipe of the agent, in turn, and the
 // agent's output goes to the attach of the moment, or nowhere when none is
 // attached. An attach that ends (its server died) closes nothing of the
-// agent's.
+// agent's. As the server does with Docker, the first attach comes before
+// the agent starts, so the agent's hello reaches it.
 type attachEngine struct {
-	stdin  *io.PipeWriter // the agent's stdin
-	mu     sync.Mutex
-	cur    *io.PipeWriter // the current attach's output end
-	served chan error
+	stdin    *io.PipeWriter // the agent's stdin
+	mu       sync.Mutex
+	cur      *io.PipeWriter // the current attach's output end
+	attached chan struct{}  // closed by the first attach
+	once     sync.Once
+	served   chan error
 }
 
 func startAttachEngine(t *testing.T) *attachEngine {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	e := &attachEngine{stdin: inW, served: make(chan error, 1)}
+	e := &attachEngine{stdin: inW, attached: make(chan struct{}), served: make(chan error, 1)}
 	go func() {
+		<-e.attached // the engine starts the container after the first attach
 		err := agent.Serve(context.Background(), inR, outW, agent.Options{
 			Workspace: t.TempDir(), User: agent.User{UID: 1000, GID: 1000}, Logger: testLogger(t),
 		})
@@ -59,6 +63,7 @@ func startAttachEngine(t *testing.T) *attachEngine {
 	}()
 	t.Cleanup(func() {
 		inW.Close()
+		e.once.Do(func() { close(e.attached) })
 		select {
 		case <-e.served:
 		case <-time.After(10 * time.Second):
@@ -75,6 +80,7 @@ func (e *attachEngine) attach() (io.Reader, io.Writer, io.Closer) {
 	e.mu.Lock()
 	e.cur = w
 	e.mu.Unlock()
+	e.once.Do(func() { close(e.attached) })
 	var once sync.Once
 	closed := make(chan struct{})
 	in := writerFunc(func(p []byte) (int, error) {
