@@ -215,9 +215,6 @@ func (pr program) decide(p policy.Policy, in execReq) policy.Decision {
 }
 
 func (d *Deps) exec(ctx context.Context, c *call, sb Sandbox, in execReq) (*mcp.CallToolResult, ExecOut, error) {
-	if res, out, err, resumed := resumeApproval[ExecOut](d, c, sb); resumed {
-		return res, out, err // the person's answers to this command's questions (2026-07-28)
-	}
 	out := ExecOut{Sandbox: sb.ID()}
 	p := d.Policy
 	cwd, env, timeout, mistake := in.Cwd, in.env, in.timeout, in.mistake

@@ -129,9 +129,6 @@ func (d *Deps) checkJob(in JobIn) (jobReq, error) {
 
 func (d *Deps) job(ctx context.Context, c *call, sb Sandbox, jr jobReq) (*mcp.CallToolResult, JobOut, error) {
 	in := jr.JobIn
-	if res, out, err, resumed := resumeApproval[JobOut](d, c, sb); resumed {
-		return res, out, err
-	}
 	out := JobOut{Sandbox: sb.ID()}
 	p := d.Policy
 	if in.Job == "" {

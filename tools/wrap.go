@@ -226,6 +226,14 @@ func wrap[In input, Req, Out any](d *Deps, name string, check checkFunc[In, Req]
 				return nil, none, err
 			}
 		}
+		if sb != nil {
+			// A call that carries the person's answers to its
+			// questions (2026-07-28) is settled with them, whichever
+			// tool asked.
+			if res, out, err, resumed := resumeApproval[Out](pd, c, sb); resumed {
+				return res, out, err
+			}
+		}
 		res, out, err := run(pd, ctx, c, sb, req)
 		if err == nil && sb != nil {
 			c.notice = sb.TakeNotice()
