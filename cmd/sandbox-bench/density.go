@@ -118,6 +118,10 @@ type densityResult struct {
 	Failed  int       // failed creates up to N
 	Stopped string    // why the run stopped short of the count it aimed at, or ""
 	Aim     int       // the count it aimed at
+	// IdleCPU is the CPU spent while all N sat idle, in percent of one
+	// core: the server's, the engine's (dockerd, containerd, shims) and
+	// the containers' own (their agents).
+	IdleCPU [3]float64
 }
 
 // densityRow renders one count's result as a table row, against the goal.
@@ -133,7 +137,9 @@ func densityRow(r densityResult) Row {
 		Goal:     fmt.Sprintf("warm exec p99 ≤ %.0f ms, 0 failed, %d × memory ≤ 24 GiB", densityGoalP99, densityGoalN),
 		Met:      p99 <= densityGoalP99 && r.Failed == 0 && projected <= 24 && r.Stopped == "",
 	}
-	row.Note = fmt.Sprintf("the host's used memory (MemTotal − MemAvailable, other work on the host included) grew %.1f MiB per sandbox", r.Per.Host)
+	row.Note = fmt.Sprintf("while all %d sat idle the server used %.1f%% of a core, the engine %.1f%%, the containers (their agents) %.1f%%; the host's used memory",
+		r.N, r.IdleCPU[0], r.IdleCPU[1], r.IdleCPU[2])
+	row.Note += fmt.Sprintf(" (MemTotal − MemAvailable, other work on the host included) grew %.1f MiB per sandbox", r.Per.Host)
 	if r.Stopped != "" {
 		row.Measure = fmt.Sprintf("idle sandboxes: %d held of %d aimed at (Docker)", r.N, r.Aim)
 		row.Note = "stopped: " + r.Stopped + "; " + row.Note
@@ -222,6 +228,9 @@ func (b *bench) density(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		ids := strings.Fields(cmdOutput("docker", "ps", "-q", "--no-trunc", "--filter", "label=io.sandbox-mcp.pid="+strconv.Itoa(srv.pid())))
+		var cpu [3]float64
+		cpu[0], cpu[1], cpu[2] = idleCPU(srv.pid(), ids, 15*time.Second)
 		var warm []float64
 		for range b.n(200) {
 			h := handles[rand.IntN(len(handles))]
@@ -232,7 +241,7 @@ func (b *bench) density(ctx context.Context) error {
 			warm = append(warm, ms(time.Since(t)))
 		}
 		r := densityResult{N: len(handles), Per: perIdle(base, at, len(handles)), At: at, Create: atN(creates),
-			Warm: warm, Failed: failed, Stopped: stopped, Aim: n}
+			Warm: warm, Failed: failed, Stopped: stopped, Aim: n, IdleCPU: cpu}
 		b.series(fmt.Sprintf("density: warm exec at %d idle", r.N), warm)
 		b.series(fmt.Sprintf("density: create (until its first exec) up to %d", r.N), creates[from:])
 		b.log.Info("density sample", "n", r.N, "base", base, "at", at)
@@ -394,11 +403,17 @@ type proc struct {
 	args    []string
 	pss     int64 // bytes
 	threads int
+	cpu     int64 // user and system time, clock ticks
 }
 
 // scanProcs reads every process's name, arguments, PSS and thread count
 // (PSS and arguments only of the processes sampleMem counts).
-func scanProcs() []proc {
+func scanProcs() []proc { return readProcs(true) }
+
+// scanProcsCPU is scanProcs without the memory, which is slow to read.
+func scanProcsCPU() []proc { return readProcs(false) }
+
+func readProcs(pss bool) []proc {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	var out []proc
 	for _, d := range dirs {
@@ -414,12 +429,71 @@ func scanProcs() []proc {
 		if a, err := os.ReadFile(d + "/cmdline"); err == nil {
 			p.args = strings.Split(strings.TrimRight(string(a), "\x00"), "\x00")
 		}
-		if r, err := os.ReadFile(d + "/smaps_rollup"); err == nil {
+		if st, err := os.ReadFile(d + "/stat"); err == nil {
+			p.cpu = statTicks(string(st))
+		}
+		if r, err := os.ReadFile(d + "/smaps_rollup"); pss && err == nil {
 			p.pss = statusField(string(r), "Pss:") << 10
 		}
 		out = append(out, p)
 	}
 	return out
+}
+
+// statTicks reads utime + stime from a /proc/PID/stat line (the fields
+// after the command's closing parenthesis, which may hold spaces).
+func statTicks(s string) int64 {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + k
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times (100 on every
+// Linux architecture Go supports).
+const clockTicks = 100
+
+// idleCPU measures the CPU the server, the engine (dockerd, containerd,
+// the containers' shims) and the containers themselves spend over d while
+// nothing is asked of them, in percent of one core.
+func idleCPU(srvPid int, ids []string, d time.Duration) (server, engine, containers float64) {
+	idSet := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		idSet[id] = true
+	}
+	ticks := func() (srv, eng, ctr int64) {
+		for _, p := range scanProcsCPU() {
+			switch {
+			case p.pid == srvPid:
+				srv += p.cpu
+			case p.comm == "dockerd" || p.comm == "containerd":
+				eng += p.cpu
+			case strings.HasPrefix(p.comm, "containerd-shim") && idSet[argAfter(p.args, "-id")]:
+				eng += p.cpu
+			}
+		}
+		for _, id := range ids {
+			if b, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/" + id + "/cpuacct.usage"); err == nil {
+				ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				ctr += ns
+			}
+		}
+		return
+	}
+	s0, e0, c0 := ticks()
+	t := time.Now()
+	time.Sleep(d)
+	s1, e1, c1 := ticks()
+	sec := time.Since(t).Seconds()
+	pct := func(dt int64) float64 { return float64(dt) / clockTicks / sec * 100 }
+	return pct(s1 - s0), pct(e1 - e0), float64(c1-c0) / 1e9 / sec * 100
 }
 
 // statusField reads the number after key in a /proc file of "Key: value"

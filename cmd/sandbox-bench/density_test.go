@@ -87,3 +87,13 @@ func TestOurs(t *testing.T) {
 		t.Errorf("ours = %d, %d, %d threads; want 3, 5, 12", s, o, n)
 	}
 }
+
+func TestStatTicks(t *testing.T) {
+	line := "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 3 0 100 0 0"
+	if got := statTicks(line); got != 22 {
+		t.Errorf("statTicks = %d, want 17+5", got)
+	}
+	if got := statTicks("garbage"); got != 0 {
+		t.Errorf("statTicks(garbage) = %d", got)
+	}
+}
