@@ -53,8 +53,12 @@ func TestPerIdle(t *testing.T) {
 func TestDensityRow(t *testing.T) {
 	fast := []float64{3, 4, 5, 6, 20}
 	ok := densityResult{N: 100, Aim: 100, Per: perSandbox{Total: 10}, Create: []float64{300}, Warm: fast}
-	if r := densityRow(ok); !r.Met || !strings.Contains(r.Value, "p99 20.0 ms") || !strings.Contains(r.Measure, "100 held") {
+	if r := densityRow(ok); !r.Met || !strings.Contains(r.Value, "p99 20.0 ms") || !strings.Contains(r.Measure, "100 held") || r.Ratio != 0 {
 		t.Errorf("a good count: %+v", r)
+	}
+	ok.One = []float64{2, 3, 10}
+	if r := densityRow(ok); r.Ratio != 2 || !strings.Contains(r.Baseline, "1 sandbox held (same run): p50 3.00 ms, p99 10.0 ms") {
+		t.Errorf("against one sandbox: %+v", r)
 	}
 	for name, r := range map[string]densityResult{
 		"slow":    {N: 100, Aim: 100, Per: perSandbox{Total: 10}, Warm: append(fast, 30)},
