@@ -339,7 +339,7 @@ func (b *bench) sampleMem(srv *server, want int) (memSample, error) {
 		case p.comm == "dockerd":
 			m.Dockerd += p.pss
 			m.EngineThr += p.threads
-		case p.comm == "containerd":
+		case p.comm == "containerd" && dockersContainerd(procs, p):
 			m.Containerd += p.pss
 			m.EngineThr += p.threads
 		}
@@ -403,6 +403,19 @@ func ours(procs []proc, ids, dirs []string) (shims, overlay int64, threads int) 
 		}
 	}
 	return shims, overlay, threads
+}
+
+// dockersContainerd reports whether p, a containerd, is the engine's: the
+// only one on the host, or the one whose command line names docker's
+// state (a Kubernetes node on the same host runs another).
+func dockersContainerd(procs []proc, p proc) bool {
+	n := 0
+	for _, q := range procs {
+		if q.comm == "containerd" {
+			n++
+		}
+	}
+	return n == 1 || strings.Contains(strings.Join(p.args, " "), "/docker/")
 }
 
 // argAfter returns the argument after flag in args, or "".
@@ -486,11 +499,12 @@ func idleCPU(srvPid int, ids []string, d time.Duration) (server, engine, contain
 		idSet[id] = true
 	}
 	ticks := func() (srv, eng, ctr int64) {
-		for _, p := range scanProcsCPU() {
+		procs := scanProcsCPU()
+		for _, p := range procs {
 			switch {
 			case p.pid == srvPid:
 				srv += p.cpu
-			case p.comm == "dockerd" || p.comm == "containerd":
+			case p.comm == "dockerd" || p.comm == "containerd" && dockersContainerd(procs, p):
 				eng += p.cpu
 			case strings.HasPrefix(p.comm, "containerd-shim") && idSet[argAfter(p.args, "-id")]:
 				eng += p.cpu

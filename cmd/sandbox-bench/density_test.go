@@ -101,3 +101,14 @@ func TestStatTicks(t *testing.T) {
 		t.Errorf("statTicks(garbage) = %d", got)
 	}
 }
+
+// TestDockersContainerd: of two containerd on the host (a Kubernetes node's
+// beside the engine's), only the engine's counts; a lone one always does.
+func TestDockersContainerd(t *testing.T) {
+	docker := proc{comm: "containerd", args: []string{"containerd", "--config", "/var/run/docker/containerd/containerd.toml"}}
+	node := proc{comm: "containerd", args: []string{"containerd", "--config", "/srv/k8s/containerd.toml"}}
+	both := []proc{docker, node}
+	if !dockersContainerd(both, docker) || dockersContainerd(both, node) || !dockersContainerd([]proc{node}, node) {
+		t.Error("dockersContainerd chose the wrong containerd")
+	}
+}
