@@ -62,7 +62,7 @@ test: setup image testimage ## run every test (unit, integration on the real eng
 	$(GO) -C cmd/sandbox-bench/plot test -count=1 ./...
 
 .PHONY: bench
-bench: setup image build ## measure against baselines in one run (a few minutes); writes docs/bench/
+bench: setup image build ## measure against baselines in one run (a few minutes, and up to 30 more for the density row: BENCHFLAGS=-density=20,50 shortens it); writes docs/bench/
 	$(GO) run ./cmd/sandbox-bench -bin $(BIN) -out docs/bench -doc docs/bench/README.md -readme README.md $(BENCHFLAGS)
 
 .PHONY: lint

@@ -69,8 +69,9 @@ type server struct {
 
 	ports atomic.Int64 // port streams open
 
-	lastFrame atomic.Int64 // unix nanos of the last frame received
-	leaseTTL  atomic.Int64 // nanos; 0 = no lease
+	lastFrame atomic.Int64  // unix nanos of the last frame received
+	leaseTTL  atomic.Int64  // nanos; 0 = no lease
+	leaseSet  chan struct{} // a lease came: watchLease looks again
 	wg        sync.WaitGroup
 
 	// in reads the server's frames (see input): with the lease's token it
@@ -143,6 +144,8 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		w:      agentproto.NewWriter(out),
 		calls:  make(map[uint64]*call),
 		jobs:   newJobTable(),
+
+		leaseSet: make(chan struct{}, 1),
 	}
 	s.lastFrame.Store(time.Now().UnixNano())
 
@@ -201,21 +204,37 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	}
 }
 
+// leaseWakeups counts watchLease's turns, every agent in the process
+// together (its test reads it).
+var leaseWakeups atomic.Int64
+
 // watchLease ends the agent when the server has been silent for the lease.
+// It sleeps until the lease could first run out (the last frame plus the
+// lease) rather than waking on a fixed tick: an idle agent then wakes about
+// once per server ping instead of four times a second, which a host holding
+// a thousand idle sandboxes pays for in CPU. Without a lease it waits for
+// one (leaseSet).
 func (s *server) watchLease(ctx context.Context, cancel context.CancelCauseFunc) {
-	t := time.NewTicker(250 * time.Millisecond)
+	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			ttl := s.leaseTTL.Load()
-			if ttl > 0 && now.UnixNano()-s.lastFrame.Load() > ttl {
+		leaseWakeups.Add(1)
+		var wake <-chan time.Time
+		if ttl := s.leaseTTL.Load(); ttl > 0 {
+			left := time.Duration(s.lastFrame.Load() + ttl - time.Now().UnixNano())
+			if left < 0 {
 				s.log.Warn("lease expired; ending the sandbox", "ttl", time.Duration(ttl))
 				cancel(fmt.Errorf("%w (%s)", ErrLeaseExpired, time.Duration(ttl)))
 				return
 			}
+			t.Reset(left + time.Millisecond)
+			wake = t.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.leaseSet:
+		case <-wake:
 		}
 	}
 }
@@ -278,6 +297,10 @@ func (s *server) dispatch(ctx context.Context, f agentproto.Frame) {
 		var l agentproto.Lease
 		if err := f.Decode(&l); err == nil && l.TTLMillis >= 0 {
 			s.leaseTTL.Store(int64(time.Duration(l.TTLMillis) * time.Millisecond))
+			select {
+			case s.leaseSet <- struct{}{}:
+			default:
+			}
 			if l.Token != "" {
 				s.in.setToken(l.Token)
 			}

@@ -23,9 +23,11 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/image"
@@ -43,12 +45,24 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig `file` of a cluster for the Kubernetes rows (none: skipped)")
 	agentImage := flag.String("agent-image", "", "agent `image` for the Kubernetes rows (make k8s-images prints it)")
 	kubectl := flag.String("kubectl", "kubectl", "kubectl `binary` for the Kubernetes baseline")
+	densityNs := flag.String("density", "100,500,1000", "comma list of `counts` of idle sandboxes the density row measures at (a short run: 20,50)")
+	densityBudget := flag.Duration("density-budget", 25*time.Minute, "wall `time` the density row may spend creating sandboxes; past it, it reports the count it reached")
 	flag.Parse()
+	ns, err := parseDensity(*densityNs)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "bench")
 	b := &bench{bin: *bin, image: *img, scale: *scale, log: log, only: *only,
-		kube: &kubeBench{kubeconfig: *kubeconfig, agent: *agentImage, kubectl: *kubectl}}
-	if err := b.run(context.Background()); err != nil {
+		kube:        &kubeBench{kubeconfig: *kubeconfig, agent: *agentImage, kubectl: *kubectl},
+		densityOpts: densityOpts{ns: ns, budget: *densityBudget}}
+	// An interrupt ends the step under way, whose deferred clean-ups
+	// remove the servers and containers it made.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := b.run(ctx); err != nil {
 		log.Error("bench failed", "err", err)
 		os.Exit(1)
 	}
@@ -71,6 +85,8 @@ type bench struct {
 	log   *slog.Logger
 	only  string // comma list of words; a step runs when its name holds one (all when empty)
 	kube  *kubeBench
+
+	densityOpts densityOpts
 
 	Machine Machine  `json:"machine"`
 	Rows    []Row    `json:"rows"`
@@ -134,6 +150,7 @@ func (b *bench) run(ctx context.Context) error {
 		{"secrets", b.secrets},
 		{"preview", b.preview},
 		{"kubernetes", b.kubernetes},
+		{"idle sandboxes (density)", b.density},
 	}
 	for _, s := range steps {
 		if !b.selected(s.name) {
