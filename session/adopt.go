@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
@@ -123,6 +124,15 @@ func (s *Sandbox) readopt(rec Record, p *transition) {
 		return
 	}
 	s.planRecovery()
+	if rec.Container == "" {
+		// A handle that had no container when its server stopped (not
+		// started yet, or lost): it starts at its next call, from the
+		// snapshot it was to start from.
+		if s.restoreFrom == "" && rec.Snapshot != "" && !s.tpl.Policy.ReadOnly {
+			s.restoreFrom = rec.Snapshot
+		}
+		return
+	}
 	why := "its container is gone"
 	if !errors.Is(err, backend.ErrGone) {
 		why = fmt.Sprintf("its container could not be taken over (%v) and was removed", err)
@@ -204,5 +214,90 @@ func (s *Sandbox) forget() {
 	}
 	if err := s.m.records.Delete(s.id); err != nil {
 		s.m.log.Warn("remove the record of an ended sandbox", "sandbox", s.id, "err", err)
+	}
+}
+
+// detach is close for a handle at a graceful stop: its container is left
+// running (backend.Detacher) and its record kept, so the next server on
+// the slot takes it back whole, as after a kill. Its calls in flight end as
+// they would at a kill (a foreground exec goes on as a job). A handle
+// whose container is not running keeps a record too, so that it comes back
+// from its snapshot. A backend instance that cannot be let go of is
+// removed, and the record then names a container that is gone.
+func (s *Sandbox) detach() {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		p := s.busy
+		s.mu.Unlock()
+		if p != nil {
+			// A start or an idle save under way: let it finish (a start
+			// gives its instance to s.cur), within the sandbox's start
+			// timeout, then end it with the sandbox.
+			select {
+			case <-p.done:
+			case <-time.After(s.m.opts.StartTimeout):
+			}
+		}
+		s.mu.Lock()
+		inst := s.cur
+		s.mu.Unlock()
+		if inst != nil && inst.conn.Err() == nil {
+			s.record(inst)
+		} else {
+			s.recordIdle()
+		}
+		s.mu.Lock()
+		s.gone = errcode.Errorf(errcode.Unavailable, "the server is stopping; sandbox %s stays for the server started next on this state directory (within --lease): call it again there", s.id)
+		s.closed = true
+		s.cur = nil
+		p = s.busy
+		s.mu.Unlock()
+		d, detachable := backend.Instance(nil), false
+		if inst != nil {
+			d = inst.box
+			_, detachable = d.(backend.Detacher)
+		}
+		if detachable {
+			// First the stream, then the calls: a cancel no longer
+			// reaches the agent, which keeps a foreground exec as a job.
+			d.(backend.Detacher).Detach()
+			inst.conn.Fail(errDetached)
+		}
+		s.cancel()
+		if p != nil {
+			<-p.done
+		}
+		if inst != nil && !detachable {
+			s.m.removeInstance(inst)
+		}
+		if s.clearShape != nil {
+			s.clearShape()
+		}
+		s.m.log.Info("sandbox left running for the next server on this state directory", "sandbox", s.id, "running", detachable)
+	})
+}
+
+// errDetached ends the connection to an agent the server left running.
+var errDetached = errors.New("the server let go of the sandbox for the next one")
+
+// recordIdle writes the record of a handle with no running container (not
+// started yet, or lost): no container to take back, only the snapshot its
+// next container starts from.
+func (s *Sandbox) recordIdle() {
+	m := s.m
+	if m.records == nil {
+		return
+	}
+	rec := Record{Sandbox: s.id, Owner: s.owner, Label: s.label, Template: s.tpl.Name, Handle: s.handle, Created: s.created}
+	s.mu.Lock()
+	rec.Generation, rec.Snapshot = s.gen, s.restoreFrom
+	s.mu.Unlock()
+	if rec.Snapshot == "" {
+		if latest, ok := s.snaps().Latest(s.id); ok {
+			rec.Snapshot = latest.ID
+		}
+	}
+	if err := m.records.Put(rec); err != nil {
+		m.log.Warn("the sandbox's record could not be written; the next server will not know it", "sandbox", s.id, "err", err)
 	}
 }

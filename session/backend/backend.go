@@ -182,6 +182,19 @@ type Reattacher interface {
 	Reattach(ctx context.Context, name string) (Instance, error)
 }
 
+// Detacher is implemented by an Instance that can outlive its server's
+// stream to it (a Reattacher's). Detach lets go of the instance without
+// ending it, for a server that stops and leaves the instance to the next
+// one on its state directory: the stream is closed as if the server had
+// died (the agent lives on its lease), what this server ran for it (the
+// egress proxy's listener) stops, and what guards it (its network, the
+// firewall rules) stays. After Detach, Remove and closing Stdin leave the
+// instance alone, and the backend's RemoveLeftovers does not count it as
+// left over.
+type Detacher interface {
+	Detach()
+}
+
 // ErrGone is Reattach's error for an instance that no longer runs.
 var ErrGone = errors.New("the sandbox's container is gone")
 

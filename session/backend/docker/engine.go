@@ -131,6 +131,8 @@ type Docker struct {
 	images     map[string]string // runtime image of each of Config.Images, set by Prepare
 	agentMount string            // host path of the agent bind-mounted into sandboxes; "" when the image holds it
 	fw         *firewall         // nil without Egress
+	// kept are the ids of the containers and networks Detach let go of.
+	kept map[string]bool
 	// createGrace is DefaultCreateGrace (tests shorten it).
 	createGrace time.Duration
 }
@@ -469,6 +471,60 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		}
 	})
 	return c.removeErr
+}
+
+// Detach lets go of the container without ending it (backend.Detacher):
+// the attach closes as a killed server's would, so the agent lives on its
+// lease for the next server on the state directory. The container's
+// network and its firewall rules stay (they guard the container while it
+// runs); this server's proxy listener for it stops. Remove does nothing
+// afterwards, and RemoveLeftovers passes the container and its network by.
+func (c *sandboxContainer) Detach() {
+	c.removeOnce.Do(func() {
+		c.d.keep(c.id, c.net)
+		if sc, ok := c.stdin.(*stdinCloser); ok {
+			sc.once.Do(func() {}) // closing it no longer removes the container
+			sc.WriteCloser.Close()
+		} else if c.stdin != nil {
+			c.stdin.Close()
+		}
+		if n := c.net; n != nil {
+			if n.stop != nil {
+				n.stop()
+				<-n.served
+			}
+			if n.revoke != nil {
+				n.revoke()
+			}
+			if n.firewalled {
+				c.d.fw.forget(n.name)
+			}
+		}
+		c.d.log.Info("container left running for the next server", "container", c.name)
+	})
+}
+
+// keep notes a container (and its network) let go of by Detach, which
+// RemoveLeftovers must not take for left over.
+func (d *Docker) keep(id string, n *sandboxNet) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.kept == nil {
+		d.kept = map[string]bool{}
+	}
+	if id != "" {
+		d.kept[id] = true
+	}
+	if n != nil && n.id != "" {
+		d.kept[n.id] = true
+	}
+}
+
+// isKept reports whether Detach let go of the engine object with this id.
+func (d *Docker) isKept(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.kept[id]
 }
 
 // DefaultCreateGrace is how long a call that creates an engine object (a

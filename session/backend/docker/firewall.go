@@ -232,6 +232,16 @@ func (f *firewall) release(network string) error {
 	return f.removeWhereLocked(func(r *nftables.Rule) bool { return ruleCommentOf(r) == ruleComment(network) })
 }
 
+// forget stops keeping a network's rules without removing them: they stay
+// in the chains for the network's container, which outlives this server
+// (Detach), until the next server takes them over or a sweep finds the
+// network gone.
+func (f *firewall) forget(network string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.want, network)
+}
+
 // releaseAll removes the rules of every network this server isolated and
 // has not released, and ends the reconcile loop.
 func (f *firewall) releaseAll() error {
