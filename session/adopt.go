@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
@@ -74,6 +76,7 @@ func (m *Manager) adopt() error {
 				continue
 			}
 		}
+		m.restoreLayers(rec)
 		s.lastUsed.Store(time.Now().UnixNano())
 		p := &transition{done: make(chan struct{})}
 		s.busy = p
@@ -95,6 +98,30 @@ func (m *Manager) adopt() error {
 		m.log.Info("taking back the sandboxes of the last server on this state slot", "slot", m.opts.Slot.Number(), "sandboxes", len(list))
 	}
 	return nil
+}
+
+// restoreLayers gives the proxy a recorded sandbox's allowlist changes
+// again: its drops first (narrowing wins), then its approvals.
+func (m *Manager) restoreLayers(rec Record) {
+	if m.proxy == nil || (len(rec.Dropped) == 0 && !rec.Offline && len(rec.Approved) == 0) {
+		return
+	}
+	if err := m.proxy.Narrow(rec.Sandbox, rec.Dropped, rec.Offline); err != nil {
+		// Never wider than it was: what cannot be dropped again makes
+		// it offline.
+		m.log.Warn("a recorded sandbox's dropped hosts could not be restored; it goes offline", "sandbox", rec.Sandbox, "err", err)
+		m.proxy.Narrow(rec.Sandbox, nil, true)
+	}
+	for _, e := range rec.Approved {
+		host, port, err := net.SplitHostPort(e)
+		n, perr := strconv.Atoi(port)
+		if err == nil && perr == nil {
+			err = m.proxy.Approve(rec.Sandbox, host, n)
+		}
+		if err != nil || perr != nil {
+			m.log.Warn("a recorded sandbox's approved host could not be restored", "sandbox", rec.Sandbox, "host", e, "err", errors.Join(err, perr))
+		}
+	}
 }
 
 // readopt takes the sandbox's container back, or plans its restore from
@@ -153,7 +180,14 @@ func (m *Manager) reattach(ctx context.Context, rec Record, tpl *Template) (*ins
 	if rec.Container == "" || rec.Token == "" {
 		return nil, res, backend.ErrGone
 	}
-	box, err := ra.Reattach(ctx, rec.Container)
+	// A sandbox that holds secrets trusts the dead proxy's CA and holds
+	// its placeholders, both made in that process's memory and never
+	// written down: its network cannot be served as it was.
+	proxy := m.proxyFor(tpl)
+	if m.holdsSecrets(tpl) {
+		proxy = nil
+	}
+	box, err := ra.Reattach(ctx, rec.Container, proxy)
 	if err != nil {
 		return nil, res, err
 	}
@@ -187,20 +221,51 @@ func (m *Manager) reattach(ctx context.Context, rec Record, tpl *Template) (*ins
 // instance (the first call that finds it running), so that a server
 // started again on this slot can take it back.
 func (s *Sandbox) record(inst *instance) {
-	m := s.m
-	if m.records == nil || inst.token == "" || !inst.recorded.CompareAndSwap(false, true) {
+	if s.m.records == nil || inst.token == "" || !inst.recorded.CompareAndSwap(false, true) {
 		return
 	}
-	rec := Record{Sandbox: s.id, Owner: s.owner, Label: s.label, Template: s.tpl.Name, Handle: s.handle, Created: s.created, Container: inst.box.Name(), Token: inst.token}
+	s.putRecord(inst)
+}
+
+// recordLayers writes the record again after a change of the sandbox's
+// allowlist layers (ApproveHost, NarrowNetwork), if it names the running
+// instance; otherwise the next record written has them.
+func (s *Sandbox) recordLayers() {
+	if s.m.records == nil {
+		return
+	}
+	s.mu.Lock()
+	inst := s.cur
+	s.mu.Unlock()
+	if inst != nil && inst.recorded.Load() {
+		s.putRecord(inst)
+	}
+}
+
+// putRecord writes the sandbox's record, naming inst (nil for none: a
+// handle with no running container, see recordIdle).
+func (s *Sandbox) putRecord(inst *instance) {
+	m := s.m
+	rec := Record{Sandbox: s.id, Owner: s.owner, Label: s.label, Template: s.tpl.Name, Handle: s.handle, Created: s.created}
+	if inst != nil {
+		rec.Container, rec.Token = inst.box.Name(), inst.token
+	}
 	s.mu.Lock()
 	rec.Generation = s.gen
 	closed := s.closed
+	if inst == nil {
+		rec.Snapshot = s.restoreFrom
+	}
 	s.mu.Unlock()
 	if closed {
 		return // ended meanwhile: its record is gone and stays gone
 	}
-	if latest, ok := s.snaps().Latest(s.id); ok {
+	if latest, ok := s.snaps().Latest(s.id); ok && rec.Snapshot == "" {
 		rec.Snapshot = latest.ID
+	}
+	if m.proxy != nil {
+		l := m.proxy.Allowed(s.id)
+		rec.Approved, rec.Dropped, rec.Offline = l.Approved, l.Dropped, l.Offline
 	}
 	if err := m.records.Put(rec); err != nil {
 		m.log.Warn("the sandbox's record could not be written; a server started again will not take it back", "sandbox", s.id, "err", err)
@@ -284,20 +349,7 @@ var errDetached = errors.New("the server let go of the sandbox for the next one"
 // started yet, or lost): no container to take back, only the snapshot its
 // next container starts from.
 func (s *Sandbox) recordIdle() {
-	m := s.m
-	if m.records == nil {
-		return
-	}
-	rec := Record{Sandbox: s.id, Owner: s.owner, Label: s.label, Template: s.tpl.Name, Handle: s.handle, Created: s.created}
-	s.mu.Lock()
-	rec.Generation, rec.Snapshot = s.gen, s.restoreFrom
-	s.mu.Unlock()
-	if rec.Snapshot == "" {
-		if latest, ok := s.snaps().Latest(s.id); ok {
-			rec.Snapshot = latest.ID
-		}
-	}
-	if err := m.records.Put(rec); err != nil {
-		m.log.Warn("the sandbox's record could not be written; the next server will not know it", "sandbox", s.id, "err", err)
+	if s.m.records != nil {
+		s.putRecord(nil)
 	}
 }

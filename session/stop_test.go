@@ -2,13 +2,20 @@ package session
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
+	"github.com/sandbox-mcp/sandbox-mcp/policy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/docker"
 )
 
@@ -115,4 +122,92 @@ func lastTickIn(out string) int {
 		}
 	}
 	return last
+}
+
+// TestGracefulStopKeepsANetworkedHandle: a handle with its own network
+// behind the egress proxy (--network=allowlist) is taken back whole by the
+// next server: its file and job are there, the next server's proxy serves
+// it where the last one's did (same address, same credential), what it
+// dropped from its allowlist stays dropped, and ending it removes its
+// network and firewall rules.
+func TestGracefulStopKeepsANetworkedHandle(t *testing.T) {
+	upstream := listen(t, "127.0.0.1:0", true)
+	api, other := fmt.Sprintf("api.test:%d", upstream.port()), fmt.Sprintf("other.test:%d", upstream.port())
+	state := t.TempDir()
+	ctx := context.Background()
+	open := func() (*Manager, *Slot) {
+		slot, err := OpenSlot(state, AnySlot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { slot.Close() })
+		m := testManager(t, func(o *Options) {
+			o.StateDir, o.Slot = state, slot
+			o.Policy.Network = policy.NetworkAllowlist
+			o.Policy.AllowHosts = []string{api, other}
+			o.Policy.AllowPrivateNetworks = true
+			o.Resolver = mapResolver{"api.test": {netip.MustParseAddr("127.0.0.1")}, "other.test": {netip.MustParseAddr("127.0.0.1")}}
+		})
+		return m, slot
+	}
+	stop := func(m *Manager, slot *Slot) {
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := m.Close(cctx); err != nil {
+			t.Fatal(err)
+		}
+		slot.Close()
+	}
+	through := func(sb *Sandbox, target, payload string) string {
+		return string(sh(t, sb, proxyScript(target, payload)).Stdout)
+	}
+
+	a, slotA := open()
+	h, err := a.Create(ctx, "alice", CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := through(h, api, "before-the-stop"); !strings.Contains(out, "HTTP/1.1 200") || !strings.Contains(out, "before-the-stop") {
+		t.Fatalf("through the proxy before the stop: %q", out)
+	}
+	if err := h.NarrowNetwork([]string{other}, false); err != nil {
+		t.Fatal(err)
+	}
+	loop := background(t, h, `i=0; while :; do echo tick $i; i=$((i+1)); sleep 0.1; done`)
+	waitFor(t, h, loop, func(out string, _ agentproto.JobStatus) bool { return strings.Contains(out, "tick 2\n") })
+	sh(t, h, "echo kept > kept.txt")
+	netName := h.ContainerID()
+	stop(a, slotA)
+
+	b, slotB := open()
+	defer stop(b, slotB)
+	hb, err := b.Find(h.ID(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(sh(t, hb, "cat kept.txt").Stdout); got != "kept\n" {
+		t.Fatalf("the handle's file after the stop: %q", got)
+	}
+	if st := job(t, hb, JobRequest{Job: loop, StdoutOffset: -1, StderrOffset: -1}); st.Status.State != agentproto.JobRunning {
+		t.Fatalf("the handle's job after the stop: %+v", st.Status)
+	}
+	if out := through(hb, api, "after-the-stop"); !strings.Contains(out, "HTTP/1.1 200") || !strings.Contains(out, "after-the-stop") {
+		t.Fatalf("through the proxy after the stop: %q", out)
+	}
+	if out := through(hb, other, "x"); !strings.Contains(out, "403") {
+		t.Fatalf("a dropped host after the stop: %q", out)
+	}
+	if l, _ := hb.NetworkLayers(); !slices.Contains(l.Dropped, other) {
+		t.Fatalf("the layers after the stop: %+v", l)
+	}
+	if _, err := b.End(ctx, h.ID(), "alice", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testenv.Engine(t).NetworkInspect(ctx, netName, client.NetworkInspectOptions{}); !isGone(err) {
+		t.Fatalf("network %s left after the handle ended: %v", netName, err)
+	}
+	rules, _ := exec.Command("nft", "list", "table", "inet", docker.FirewallTable).Output()
+	if strings.Contains(string(rules), netName) {
+		t.Fatalf("firewall rules left:\n%s", rules)
+	}
 }

@@ -177,9 +177,12 @@ type ReadOnlySeed interface {
 // attaches anew to an instance an earlier server started, by its Name,
 // and resumes the agent's protocol on the new stream
 // (agentclient.Resume). An instance that is gone (or that the backend
-// cannot take over) is ErrGone.
+// cannot take over) is ErrGone. proxy is the egress proxy the instance's
+// network is to be served by again, as InstanceSpec.Proxy; nil when the
+// server cannot give it the egress it had (then an instance with a
+// network is removed and ErrGone).
 type Reattacher interface {
-	Reattach(ctx context.Context, name string) (Instance, error)
+	Reattach(ctx context.Context, name string, proxy *netproxy.Proxy) (Instance, error)
 }
 
 // Detacher is implemented by an Instance that can outlive its server's

@@ -137,7 +137,11 @@ type Docker struct {
 	createGrace time.Duration
 }
 
-var _ backend.Backend = (*Docker)(nil)
+var (
+	_ backend.Backend    = (*Docker)(nil)
+	_ backend.Reattacher = (*Docker)(nil)
+	_ backend.Detacher   = (*sandboxContainer)(nil)
+)
 
 // New checks cfg and returns the backend. It calls no engine.
 func New(cfg Config) (*Docker, error) {
@@ -220,20 +224,14 @@ func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
 			return err
 		}
 	}
-	var fw *firewall
 	if d.cfg.Egress {
 		step(backend.Step{What: "setting up the firewall chain for --network=allowlist"})
-		fw, err = newFirewall()
-		if err != nil {
+		if _, err := d.egressFirewall(); err != nil {
 			return fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with nftables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN on a kernel with nftables (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
 		}
-		fw.log = d.log
 	}
 	d.mu.Lock()
 	d.image, d.agentMount, d.images = img, mountPath, images
-	if fw != nil {
-		d.fw = fw
-	}
 	d.mu.Unlock()
 	return nil
 }
@@ -471,6 +469,24 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		}
 	})
 	return c.removeErr
+}
+
+// egressFirewall returns the firewall of --network=allowlist, setting it
+// up on first use: in Prepare, or earlier for a sandbox taken over at the
+// start (Reattach runs beside Prepare), whose rules it keeps from then on.
+func (d *Docker) egressFirewall() (*firewall, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fw != nil || !d.cfg.Egress {
+		return d.fw, nil
+	}
+	fw, err := newFirewall()
+	if err != nil {
+		return nil, err
+	}
+	fw.log = d.log
+	d.fw = fw
+	return fw, nil
 }
 
 // Detach lets go of the container without ending it (backend.Detacher):
