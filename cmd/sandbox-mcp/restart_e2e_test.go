@@ -176,7 +176,7 @@ func stopServer(t *testing.T, s *server) {
 func TestStoppedServersHandleIsTakenBack(t *testing.T) {
 	state := t.TempDir()
 	args := []string{"--state-dir", state}
-	a := startServer(t, serverOpts{args: args})
+	a := startServer(t, serverOpts{args: append(args, "--end-handles-at-stop=false")})
 	h := a.ok("sandbox_create", map[string]any{"label": "build"})["sandbox"].(string)
 	job := a.ok("sandbox_exec", map[string]any{"command": "i=0; while :; do echo tick $i; i=$((i+1)); sleep 0.1; done", "background": true, "sandbox": h})["job"].(string)
 	a.ok("sandbox_write_file", map[string]any{"path": "kept.txt", "content": "made before the stop", "sandbox": h})
