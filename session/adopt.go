@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentclient"
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
+	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
@@ -73,6 +76,7 @@ func (m *Manager) adopt() error {
 				continue
 			}
 		}
+		m.restoreLayers(rec)
 		s.lastUsed.Store(time.Now().UnixNano())
 		p := &transition{done: make(chan struct{})}
 		s.busy = p
@@ -94,6 +98,30 @@ func (m *Manager) adopt() error {
 		m.log.Info("taking back the sandboxes of the last server on this state slot", "slot", m.opts.Slot.Number(), "sandboxes", len(list))
 	}
 	return nil
+}
+
+// restoreLayers gives the proxy a recorded sandbox's allowlist changes
+// again: its drops first (narrowing wins), then its approvals.
+func (m *Manager) restoreLayers(rec Record) {
+	if m.proxy == nil || (len(rec.Dropped) == 0 && !rec.Offline && len(rec.Approved) == 0) {
+		return
+	}
+	if err := m.proxy.Narrow(rec.Sandbox, rec.Dropped, rec.Offline); err != nil {
+		// Never wider than it was: what cannot be dropped again makes
+		// it offline.
+		m.log.Warn("a recorded sandbox's dropped hosts could not be restored; it goes offline", "sandbox", rec.Sandbox, "err", err)
+		m.proxy.Narrow(rec.Sandbox, nil, true)
+	}
+	for _, e := range rec.Approved {
+		host, port, err := net.SplitHostPort(e)
+		n, perr := strconv.Atoi(port)
+		if err == nil && perr == nil {
+			err = m.proxy.Approve(rec.Sandbox, host, n)
+		}
+		if err != nil || perr != nil {
+			m.log.Warn("a recorded sandbox's approved host could not be restored", "sandbox", rec.Sandbox, "host", e, "err", errors.Join(err, perr))
+		}
+	}
 }
 
 // readopt takes the sandbox's container back, or plans its restore from
@@ -123,6 +151,15 @@ func (s *Sandbox) readopt(rec Record, p *transition) {
 		return
 	}
 	s.planRecovery()
+	if rec.Container == "" {
+		// A handle that had no container when its server stopped (not
+		// started yet, or lost): it starts at its next call, from the
+		// snapshot it was to start from.
+		if s.restoreFrom == "" && rec.Snapshot != "" && !s.tpl.Policy.ReadOnly {
+			s.restoreFrom = rec.Snapshot
+		}
+		return
+	}
 	why := "its container is gone"
 	if !errors.Is(err, backend.ErrGone) {
 		why = fmt.Sprintf("its container could not be taken over (%v) and was removed", err)
@@ -143,7 +180,14 @@ func (m *Manager) reattach(ctx context.Context, rec Record, tpl *Template) (*ins
 	if rec.Container == "" || rec.Token == "" {
 		return nil, res, backend.ErrGone
 	}
-	box, err := ra.Reattach(ctx, rec.Container)
+	// A sandbox that holds secrets trusts the dead proxy's CA and holds
+	// its placeholders, both made in that process's memory and never
+	// written down: its network cannot be served as it was.
+	proxy := m.proxyFor(tpl)
+	if m.holdsSecrets(tpl) {
+		proxy = nil
+	}
+	box, err := ra.Reattach(ctx, rec.Container, proxy)
 	if err != nil {
 		return nil, res, err
 	}
@@ -177,20 +221,51 @@ func (m *Manager) reattach(ctx context.Context, rec Record, tpl *Template) (*ins
 // instance (the first call that finds it running), so that a server
 // started again on this slot can take it back.
 func (s *Sandbox) record(inst *instance) {
-	m := s.m
-	if m.records == nil || inst.token == "" || !inst.recorded.CompareAndSwap(false, true) {
+	if s.m.records == nil || inst.token == "" || !inst.recorded.CompareAndSwap(false, true) {
 		return
 	}
-	rec := Record{Sandbox: s.id, Owner: s.owner, Label: s.label, Template: s.tpl.Name, Handle: s.handle, Created: s.created, Container: inst.box.Name(), Token: inst.token}
+	s.putRecord(inst)
+}
+
+// recordLayers writes the record again after a change of the sandbox's
+// allowlist layers (ApproveHost, NarrowNetwork), if it names the running
+// instance; otherwise the next record written has them.
+func (s *Sandbox) recordLayers() {
+	if s.m.records == nil {
+		return
+	}
+	s.mu.Lock()
+	inst := s.cur
+	s.mu.Unlock()
+	if inst != nil && inst.recorded.Load() {
+		s.putRecord(inst)
+	}
+}
+
+// putRecord writes the sandbox's record, naming inst (nil for none: a
+// handle with no running container, see recordIdle).
+func (s *Sandbox) putRecord(inst *instance) {
+	m := s.m
+	rec := Record{Sandbox: s.id, Owner: s.owner, Label: s.label, Template: s.tpl.Name, Handle: s.handle, Created: s.created}
+	if inst != nil {
+		rec.Container, rec.Token = inst.box.Name(), inst.token
+	}
 	s.mu.Lock()
 	rec.Generation = s.gen
 	closed := s.closed
+	if inst == nil {
+		rec.Snapshot = s.restoreFrom
+	}
 	s.mu.Unlock()
 	if closed {
 		return // ended meanwhile: its record is gone and stays gone
 	}
-	if latest, ok := s.snaps().Latest(s.id); ok {
+	if latest, ok := s.snaps().Latest(s.id); ok && rec.Snapshot == "" {
 		rec.Snapshot = latest.ID
+	}
+	if m.proxy != nil {
+		l := m.proxy.Allowed(s.id)
+		rec.Approved, rec.Dropped, rec.Offline = l.Approved, l.Dropped, l.Offline
 	}
 	if err := m.records.Put(rec); err != nil {
 		m.log.Warn("the sandbox's record could not be written; a server started again will not take it back", "sandbox", s.id, "err", err)
@@ -204,5 +279,77 @@ func (s *Sandbox) forget() {
 	}
 	if err := s.m.records.Delete(s.id); err != nil {
 		s.m.log.Warn("remove the record of an ended sandbox", "sandbox", s.id, "err", err)
+	}
+}
+
+// detach is close for a handle at a graceful stop: its container is left
+// running (backend.Detacher) and its record kept, so the next server on
+// the slot takes it back whole, as after a kill. Its calls in flight end as
+// they would at a kill (a foreground exec goes on as a job). A handle
+// whose container is not running keeps a record too, so that it comes back
+// from its snapshot. A backend instance that cannot be let go of is
+// removed, and the record then names a container that is gone.
+func (s *Sandbox) detach() {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		p := s.busy
+		s.mu.Unlock()
+		if p != nil {
+			// A start or an idle save under way: let it finish (a start
+			// gives its instance to s.cur), within the sandbox's start
+			// timeout, then end it with the sandbox.
+			select {
+			case <-p.done:
+			case <-time.After(s.m.opts.StartTimeout):
+			}
+		}
+		s.mu.Lock()
+		inst := s.cur
+		s.mu.Unlock()
+		if inst != nil && inst.conn.Err() == nil {
+			s.record(inst)
+		} else {
+			s.recordIdle()
+		}
+		s.mu.Lock()
+		s.gone = errcode.Errorf(errcode.Unavailable, "the server is stopping; sandbox %s stays for the server started next on this state directory (within --lease): call it again there", s.id)
+		s.closed = true
+		s.cur = nil
+		p = s.busy
+		s.mu.Unlock()
+		d, detachable := backend.Instance(nil), false
+		if inst != nil {
+			d = inst.box
+			_, detachable = d.(backend.Detacher)
+		}
+		if detachable {
+			// First the stream, then the calls: a cancel no longer
+			// reaches the agent, which keeps a foreground exec as a job.
+			d.(backend.Detacher).Detach()
+			inst.conn.Fail(errDetached)
+		}
+		s.cancel()
+		if p != nil {
+			<-p.done
+		}
+		if inst != nil && !detachable {
+			s.m.removeInstance(inst)
+		}
+		if s.clearShape != nil {
+			s.clearShape()
+		}
+		s.m.log.Info("sandbox left running for the next server on this state directory", "sandbox", s.id, "running", detachable)
+	})
+}
+
+// errDetached ends the connection to an agent the server left running.
+var errDetached = errors.New("the server let go of the sandbox for the next one")
+
+// recordIdle writes the record of a handle with no running container (not
+// started yet, or lost): no container to take back, only the snapshot its
+// next container starts from.
+func (s *Sandbox) recordIdle() {
+	if s.m.records != nil {
+		s.putRecord(nil)
 	}
 }

@@ -70,7 +70,8 @@ func clipID(s string) string {
 func (s *Sandbox) idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cur == nil && s.lost == "" && s.restoreFrom == "" && !s.closed
+	// A start or a re-adoption under way (busy) may bring jobs back.
+	return s.cur == nil && s.busy == nil && s.lost == "" && s.restoreFrom == "" && !s.closed
 }
 
 // Job acts on one of the sandbox's jobs and reads its output.

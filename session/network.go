@@ -31,6 +31,7 @@ func (s *Sandbox) ApproveHost(host string, port int) error {
 		}
 		return errcode.Errorf(errcode.InvalidArgument, "%v", err)
 	}
+	s.recordLayers()
 	return nil
 }
 
@@ -44,6 +45,7 @@ func (s *Sandbox) NarrowNetwork(drop []string, offline bool) error {
 	if err := s.m.proxy.Narrow(s.id, drop, offline); err != nil {
 		return errcode.Errorf(errcode.InvalidArgument, "%v", err)
 	}
+	s.recordLayers()
 	return nil
 }
 

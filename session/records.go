@@ -41,6 +41,13 @@ type Record struct {
 	// written ("" for none); the snapshot store's latest wins at
 	// re-adoption.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Approved, Dropped and Offline are the sandbox's changes to its
+	// allowlist at the egress proxy (NetworkLayers), which last as long
+	// as it does: a server that takes it back gives them to its proxy
+	// again, so a restart never widens what a sandbox may reach.
+	Approved []string `json:"approved,omitempty"`
+	Dropped  []string `json:"dropped,omitempty"`
+	Offline  bool     `json:"offline,omitempty"`
 }
 
 // recordName is the form of a sandbox id that may name a record file.

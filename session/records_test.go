@@ -3,6 +3,7 @@ package session
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -51,7 +52,7 @@ func TestRecordsAreWrittenWholeAndKeptPerSlot(t *testing.T) {
 	if err == nil {
 		t.Fatal("a damaged record gave no error")
 	}
-	if len(list) != 1 || list[0] != a {
+	if len(list) != 1 || !reflect.DeepEqual(list[0], a) {
 		t.Fatalf("records: %+v", list)
 	}
 	// A second server on the same state directory has a slot of its own.

@@ -99,6 +99,13 @@ type Options struct {
 	// a cluster, the survivors remove what a server that died left, once
 	// its lease has run out. 0 means at the start only.
 	SweepEvery time.Duration
+	// EndHandlesAtStop makes Close end the sandboxes made by Create as it
+	// ends sessions' own (--end-handles-at-stop). Without it, and with a
+	// Slot and a backend whose instances outlive the server
+	// (backend.Reattacher, backend.Detacher), Close leaves them running,
+	// their records kept, for the next server on the slot (an upgrade);
+	// their agents end by themselves once --lease passes without one.
+	EndHandlesAtStop bool
 
 	// With Policy.Network = allowlist, each sandbox gets its own network
 	// whose only way out is the egress proxy. The fields below configure
@@ -579,7 +586,9 @@ func (r *removals) wait() { r.wg.Wait() }
 // Close removes every sandbox (waiting for removals already under way, and
 // for starts under way, which remove what they made when they are
 // abandoned), stops background work, then removes whatever is still on the
-// engine under this server's label.
+// engine under this server's label. Sandboxes made by Create are the
+// exception where the server keeps records (keepsHandles): they are left
+// running for the next server on the slot (Sandbox.detach).
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	m.closed = true
@@ -589,11 +598,16 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 	clear(m.byKey)
 	m.mu.Unlock()
+	keep := m.keepsHandles()
 	done := make(chan struct{})
 	go func() {
 		var wg sync.WaitGroup
 		for _, s := range all {
-			wg.Go(s.close)
+			if keep && s.handle {
+				wg.Go(s.detach)
+			} else {
+				wg.Go(s.close)
+			}
 		}
 		wg.Go(m.drainPool)
 		wg.Wait()
@@ -626,6 +640,14 @@ func (m *Manager) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// keepsHandles reports whether Close leaves handles running for the next
+// server: the server keeps records, the backend can take an instance over
+// and let go of one, and the operator did not ask for everything to end.
+func (m *Manager) keepsHandles() bool {
+	_, reattach := m.backend.(backend.Reattacher)
+	return m.records != nil && reattach && !m.opts.EndHandlesAtStop
 }
 
 // shape gives a template's sandbox its own allowlist and secrets at the

@@ -291,7 +291,7 @@ func (s *Sandbox) ended() error {
 // failed notes that a call saw the container go away, so the model is told
 // (here, with what happens next) and the next call starts afresh.
 func (s *Sandbox) failed(inst *instance, err error) error {
-	if err != nil && s.ctx.Err() != nil {
+	if err != nil && (s.ctx.Err() != nil || s.isClosed()) {
 		// The sandbox went with its session: whatever broke the call
 		// (its container removed under it), there is no next call here.
 		return s.ended()
@@ -309,6 +309,13 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		return errcode.Errorf(errcode.Unavailable, "sandbox %s stopped (%v); its workspace is lost and its jobs ended. Call again: %s", s.id, inst.conn.Err(), next)
 	}
 	return err
+}
+
+// isClosed reports whether the sandbox was closed or let go of (detach).
+func (s *Sandbox) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // sessionEnded is the error of a call whose sandbox was removed with its

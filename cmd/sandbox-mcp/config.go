@@ -65,6 +65,10 @@ type Config struct {
 	// Lease is how long a sandbox's agent lives without hearing from the
 	// server (session.Options.Lease).
 	Lease time.Duration
+	// EndHandlesAtStop ends sandbox_create's sandboxes at a normal stop
+	// too, instead of leaving them to the next server
+	// (session.Options.EndHandlesAtStop).
+	EndHandlesAtStop bool
 	// Runtime is the OCI runtime for sandboxes ("" = the engine's default).
 	Runtime string
 	// SeccompProfileFile names a seccomp profile (JSON) for sandboxes in
@@ -161,6 +165,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "remove a sandbox unused this long (0: never)")
 	fs.DurationVar(&cfg.MaxSandboxLifetime, "max-sandbox-lifetime", cfg.MaxSandboxLifetime, "end a sandbox made by sandbox_create this long after it was made, its workspace saved as a snapshot first (0: never)")
 	fs.DurationVar(&cfg.Lease, "lease", cfg.Lease, "how long a sandbox outlives a server that is gone (killed, crashed) without a word: a server started again on the same --state-dir within it takes the sandbox back, jobs included; past it the sandbox ends itself (at least 4s)")
+	fs.BoolVar(&cfg.EndHandlesAtStop, "end-handles-at-stop", cfg.EndHandlesAtStop, "at a normal stop (SIGTERM, SIGINT, stdin closed) end the sandboxes made by sandbox_create too; by default they keep running, jobs included, for the server started next on the same --state-dir within --lease (an upgrade), and end by themselves past it")
 	fs.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI `runtime` for sandboxes, e.g. runsc where gVisor is installed (default: the engine's)")
 	fs.StringVar(&cfg.SeccompProfileFile, "seccomp-profile", cfg.SeccompProfileFile, "seccomp profile `file` (JSON) for sandboxes in place of the engine's default, e.g. examples/seccomp-no-io_uring.json")
 	fs.Var(&choice{v: &cfg.LogLevel, allowed: []string{"debug", "info", "warn", "error"}}, "log-level", "log `level`: debug, info, warn or error")

@@ -149,8 +149,11 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if img == "" {
 		img = testenv.TestImage(t)
 	}
+	// The stop at the test's end ends every sandbox, handles included,
+	// so that nothing runs on for a lease; a test of the stop gives
+	// --end-handles-at-stop=false.
 	args := append([]string{"--image", img, "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
-		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug"}, o.args...)
+		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug", "--end-handles-at-stop"}, o.args...)
 	cmd := exec.Command(bins.Get(t).Server, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, o.env...)
 	if h := os.Getenv("DOCKER_HOST"); h != "" {

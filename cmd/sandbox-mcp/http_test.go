@@ -61,10 +61,12 @@ type httpOpts struct {
 }
 
 // serverArgs are the arguments every test server gets: the test image, a
-// fresh state directory, small sandboxes.
+// fresh state directory, small sandboxes. Its stop ends every sandbox,
+// handles included (--end-handles-at-stop), so that a test leaves nothing
+// running for a lease.
 func serverArgs(t *testing.T) []string {
 	return []string{"--image", testenv.TestImage(t), "--state-dir", t.TempDir(), "--agent-bin", bins.Get(t).Agent,
-		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug"}
+		"--memory", "256MiB", "--max-workspace-bytes", "64MiB", "--log-level", "debug", "--end-handles-at-stop"}
 }
 
 // serverEnv is the environment of a test server: only what it needs.

@@ -230,15 +230,16 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		slotOpt = slot
 	}
 	opts := session.Options{
-		Slot:        slotOpt,
-		Backend:     be,
-		Instance:    instance,
-		Policy:      cfg.Policy,
-		Env:         cfg.Env,
-		StateDir:    cfg.StateDir,
-		IdleTimeout: cfg.IdleTimeout,
-		Lease:       cfg.Lease,
-		DenyAddrs:   deny,
+		Slot:             slotOpt,
+		Backend:          be,
+		Instance:         instance,
+		Policy:           cfg.Policy,
+		Env:              cfg.Env,
+		StateDir:         cfg.StateDir,
+		IdleTimeout:      cfg.IdleTimeout,
+		Lease:            cfg.Lease,
+		EndHandlesAtStop: cfg.EndHandlesAtStop,
+		DenyAddrs:        deny,
 		// Counted where sandboxes are made, whatever made them.
 		MaxSandboxes:          cfg.HTTP.MaxSandboxes,
 		MaxSandboxesPerCaller: cfg.HTTP.SandboxesPerCaller(),

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,5 +154,63 @@ func TestKilledServersHandleIsTakenBack(t *testing.T) {
 	}
 	if r := b.ok("sandbox_job", map[string]any{"job": job, "sandbox": h}); r["state"] != "running" {
 		t.Fatalf("the handle's job after the restart: %v", r)
+	}
+}
+
+// stopServer ends a server with SIGTERM, as a supervisor does at an
+// upgrade, and waits until it is gone.
+func stopServer(t *testing.T, s *server) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	s.cs.Wait()
+}
+
+// TestStoppedServersHandleIsTakenBack: a server stopped with SIGTERM (an
+// upgrade) leaves its sandbox_create sandbox running for the server
+// started next on the same state directory: that one finds its file, and
+// its background job still running with its whole output, while the
+// connection's own sandbox ended with the first server. Once the handle is
+// ended, nothing of either sandbox is left on the engine.
+func TestStoppedServersHandleIsTakenBack(t *testing.T) {
+	state := t.TempDir()
+	args := []string{"--state-dir", state}
+	a := startServer(t, serverOpts{args: append(args, "--end-handles-at-stop=false")})
+	h := a.ok("sandbox_create", map[string]any{"label": "build"})["sandbox"].(string)
+	job := a.ok("sandbox_exec", map[string]any{"command": "i=0; while :; do echo tick $i; i=$((i+1)); sleep 0.1; done", "background": true, "sandbox": h})["job"].(string)
+	a.ok("sandbox_write_file", map[string]any{"path": "kept.txt", "content": "made before the stop", "sandbox": h})
+	own := a.ok("sandbox_write_file", map[string]any{"path": "gone.txt", "content": "the connection's"})["sandbox"].(string)
+	if own == h {
+		t.Fatalf("the call without a sandbox used the handle %s", h)
+	}
+	r := a.ok("sandbox_job", map[string]any{"job": job, "wait_ms": 1000, "sandbox": h})
+	before := r["stdout"].(string)
+	if lastTick(t, before) < 0 {
+		t.Fatalf("the job printed no tick: %v", r)
+	}
+	stopServer(t, a)
+	cli := testenv.Engine(t)
+	if left := testenv.Containers(t, cli, docker.LabelSandbox, own); len(left) != 0 {
+		t.Fatalf("the connection's own sandbox outlived the stop: %v", left)
+	}
+	if kept := testenv.Containers(t, cli, docker.LabelSandbox, h); len(kept) != 1 {
+		t.Fatalf("the handle's container after the stop: %v", kept)
+	}
+
+	b := startServer(t, serverOpts{args: args})
+	// The job first: it waits for the re-adoption, as every call does.
+	r = b.ok("sandbox_job", map[string]any{"job": job, "stdout_offset": 0, "wait_ms": 500, "sandbox": h})
+	out := r["stdout"].(string)
+	if r["state"] != "running" || !strings.HasPrefix(out, before) || lastTick(t, out) <= lastTick(t, before) {
+		t.Fatalf("the handle's job after the stop: %v (before the stop: %q)", r, before)
+	}
+	if got := b.ok("sandbox_read_file", map[string]any{"path": "kept.txt", "sandbox": h}); got["content"] != "made before the stop" {
+		t.Fatalf("the handle's file after the stop: %v", got)
+	}
+	b.fails("sandbox_read_file", map[string]any{"path": "gone.txt", "sandbox": own}, "NOT_FOUND")
+	b.ok("sandbox_end", map[string]any{"sandbox": h})
+	for _, id := range []string{h, own} {
+		testenv.WaitNoContainers(t, cli, docker.LabelSandbox, id, 20*time.Second)
 	}
 }

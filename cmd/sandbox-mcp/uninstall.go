@@ -36,9 +36,10 @@ type uninstallScope struct {
 // and images (io.sandbox-mcp, io.sandbox-mcp.runtime, .source-hash, ...).
 const labelPrefix = docker.LabelManaged
 
-// stateEntries are what a server makes in --state-dir; uninstall removes
-// these and the directory if nothing else is in it.
-var stateEntries = []string{"snapshots", audit.KeyFile}
+// stateEntries are what a server makes in --state-dir (snapshots, the
+// audit key, the slots with their sandbox records, the agent copies);
+// uninstall removes these and the directory if nothing else is in it.
+var stateEntries = []string{"snapshots", audit.KeyFile, "servers", "agents"}
 
 // uninstallCmd is `sandbox-mcp uninstall`: remove every sandbox container,
 // network and image the project made, the state directory and the firewall
@@ -56,7 +57,7 @@ func uninstallCmd(ctx context.Context, args []string, stdout, stderr io.Writer, 
 Removes everything sandbox-mcp made on this machine: sandbox containers and
 networks, the images (the default image, runtime and seed images, the test,
 agent and server images: every image with an io.sandbox-mcp label), the state
-directory (snapshots and the audit key), and the nftables table inet
+directory (snapshots, the audit key, the sandbox records), and the nftables table inet
 sandbox-mcp (needs root or CAP_NET_ADMIN). Stop every server first. The
 binaries in bin/ and Kubernetes objects are not touched (make clean removes
 bin/; kubectl delete namespace removes a cluster's).

@@ -18,7 +18,7 @@ var flagGroups = []struct {
 		"config", "exec", "allow-cmd", "read-only", "image", "agent-bin", "agent-mount", "env", "workspace-from",
 		"exec-timeout", "max-exec-timeout", "max-call-wait", "max-file-bytes", "max-output-bytes", "max-image-pixels",
 		"max-job-output-bytes", "max-workspace-bytes", "memory", "cpus", "pids", "max-jobs",
-		"idle-timeout", "max-sandbox-lifetime", "lease", "warm", "runtime", "seccomp-profile",
+		"idle-timeout", "max-sandbox-lifetime", "lease", "end-handles-at-stop", "warm", "runtime", "seccomp-profile",
 	}},
 	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool", "network-approval", "network-approval-wait"}},
 	{"Secrets", []string{"secret"}},

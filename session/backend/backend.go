@@ -177,9 +177,25 @@ type ReadOnlySeed interface {
 // attaches anew to an instance an earlier server started, by its Name,
 // and resumes the agent's protocol on the new stream
 // (agentclient.Resume). An instance that is gone (or that the backend
-// cannot take over) is ErrGone.
+// cannot take over) is ErrGone. proxy is the egress proxy the instance's
+// network is to be served by again, as InstanceSpec.Proxy; nil when the
+// server cannot give it the egress it had (then an instance with a
+// network is removed and ErrGone).
 type Reattacher interface {
-	Reattach(ctx context.Context, name string) (Instance, error)
+	Reattach(ctx context.Context, name string, proxy *netproxy.Proxy) (Instance, error)
+}
+
+// Detacher is implemented by an Instance that can outlive its server's
+// stream to it (a Reattacher's). Detach lets go of the instance without
+// ending it, for a server that stops and leaves the instance to the next
+// one on its state directory: the stream is closed as if the server had
+// died (the agent lives on its lease), what this server ran for it (the
+// egress proxy's listener) stops, and what guards it (its network, the
+// firewall rules) stays. After Detach, Remove and closing Stdin leave the
+// instance alone, and the backend's RemoveLeftovers does not count it as
+// left over.
+type Detacher interface {
+	Detach()
 }
 
 // ErrGone is Reattach's error for an instance that no longer runs.

@@ -131,11 +131,17 @@ type Docker struct {
 	images     map[string]string // runtime image of each of Config.Images, set by Prepare
 	agentMount string            // host path of the agent bind-mounted into sandboxes; "" when the image holds it
 	fw         *firewall         // nil without Egress
+	// kept are the ids of the containers and networks Detach let go of.
+	kept map[string]bool
 	// createGrace is DefaultCreateGrace (tests shorten it).
 	createGrace time.Duration
 }
 
-var _ backend.Backend = (*Docker)(nil)
+var (
+	_ backend.Backend    = (*Docker)(nil)
+	_ backend.Reattacher = (*Docker)(nil)
+	_ backend.Detacher   = (*sandboxContainer)(nil)
+)
 
 // New checks cfg and returns the backend. It calls no engine.
 func New(cfg Config) (*Docker, error) {
@@ -218,20 +224,14 @@ func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
 			return err
 		}
 	}
-	var fw *firewall
 	if d.cfg.Egress {
 		step(backend.Step{What: "setting up the firewall chain for --network=allowlist"})
-		fw, err = newFirewall()
-		if err != nil {
+		if _, err := d.egressFirewall(); err != nil {
 			return fmt.Errorf("--network=allowlist keeps each sandbox off every port of this host but the proxy's with nftables rules, and setting them failed (%v): run sandbox-mcp as root or with CAP_NET_ADMIN on a kernel with nftables (in a container: --network host --cap-add NET_ADMIN), or use --network=none", err)
 		}
-		fw.log = d.log
 	}
 	d.mu.Lock()
 	d.image, d.agentMount, d.images = img, mountPath, images
-	if fw != nil {
-		d.fw = fw
-	}
 	d.mu.Unlock()
 	return nil
 }
@@ -469,6 +469,78 @@ func (c *sandboxContainer) Remove(ctx context.Context) error {
 		}
 	})
 	return c.removeErr
+}
+
+// egressFirewall returns the firewall of --network=allowlist, setting it
+// up on first use: in Prepare, or earlier for a sandbox taken over at the
+// start (Reattach runs beside Prepare), whose rules it keeps from then on.
+func (d *Docker) egressFirewall() (*firewall, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fw != nil || !d.cfg.Egress {
+		return d.fw, nil
+	}
+	fw, err := newFirewall()
+	if err != nil {
+		return nil, err
+	}
+	fw.log = d.log
+	d.fw = fw
+	return fw, nil
+}
+
+// Detach lets go of the container without ending it (backend.Detacher):
+// the attach closes as a killed server's would, so the agent lives on its
+// lease for the next server on the state directory. The container's
+// network and its firewall rules stay (they guard the container while it
+// runs); this server's proxy listener for it stops. Remove does nothing
+// afterwards, and RemoveLeftovers passes the container and its network by.
+func (c *sandboxContainer) Detach() {
+	c.removeOnce.Do(func() {
+		c.d.keep(c.id, c.net)
+		if sc, ok := c.stdin.(*stdinCloser); ok {
+			sc.once.Do(func() {}) // closing it no longer removes the container
+			sc.WriteCloser.Close()
+		} else if c.stdin != nil {
+			c.stdin.Close()
+		}
+		if n := c.net; n != nil {
+			if n.stop != nil {
+				n.stop()
+				<-n.served
+			}
+			if n.revoke != nil {
+				n.revoke()
+			}
+			if n.firewalled {
+				c.d.fw.forget(n.name)
+			}
+		}
+		c.d.log.Info("container left running for the next server", "container", c.name)
+	})
+}
+
+// keep notes a container (and its network) let go of by Detach, which
+// RemoveLeftovers must not take for left over.
+func (d *Docker) keep(id string, n *sandboxNet) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.kept == nil {
+		d.kept = map[string]bool{}
+	}
+	if id != "" {
+		d.kept[id] = true
+	}
+	if n != nil && n.id != "" {
+		d.kept[n.id] = true
+	}
+}
+
+// isKept reports whether Detach let go of the engine object with this id.
+func (d *Docker) isKept(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.kept[id]
 }
 
 // DefaultCreateGrace is how long a call that creates an engine object (a

@@ -232,6 +232,34 @@ func (f *firewall) release(network string) error {
 	return f.removeWhereLocked(func(r *nftables.Rule) bool { return ruleCommentOf(r) == ruleComment(network) })
 }
 
+// adopt takes over the rules of a network that a server before this one
+// isolated and left (its container outlived it): they are kept from now
+// on, and put back at once, in one transaction, if some are missing.
+func (f *firewall) adopt(network, bridge string, gw, client netip.Addr, port int) error {
+	f.mu.Lock()
+	if f.want == nil {
+		f.want = map[string][]*nftables.Rule{}
+	}
+	f.want[network] = f.rules(network, bridge, gw, client, port)
+	if !f.running {
+		f.running = true
+		go f.keep()
+	}
+	f.mu.Unlock()
+	_, err := f.reconcile()
+	return err
+}
+
+// forget stops keeping a network's rules without removing them: they stay
+// in the chains for the network's container, which outlives this server
+// (Detach), until the next server takes them over or a sweep finds the
+// network gone.
+func (f *firewall) forget(network string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.want, network)
+}
+
 // releaseAll removes the rules of every network this server isolated and
 // has not released, and ends the reconcile loop.
 func (f *firewall) releaseAll() error {

@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
+	"strings"
 	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
@@ -147,6 +150,66 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 		n.firewalled = true
 	}
 	n.token = netproxy.NewToken()
+	n.revoke = proxy.Grant(sandbox, n.token)
+	pctx, stop := context.WithCancel(context.Background())
+	n.stop, n.served = stop, make(chan struct{})
+	go func() {
+		defer close(n.served)
+		if err := proxy.Serve(pctx, ln, sandbox, n.client); err != nil {
+			d.log.Warn("proxy stopped", "sandbox", sandbox, "err", err)
+		}
+	}()
+	return n, nil
+}
+
+// adoptNet takes over the network of a sandbox container a server before
+// this one started (Reattach): the proxy listens again on the network's
+// gateway at the port, and takes the credential, that the container's
+// proxy variables name (the last server's listener went with it), for the
+// container's address alone; the firewall rules, which outlived that
+// server, are this server's to keep from now on. It fails, leaving nothing,
+// when what the container was given does not match its network (a
+// container someone changed) or the port is taken.
+func (d *Docker) adoptNet(sandbox, name string, env []string, ns *container.NetworkSettings, proxy *netproxy.Proxy) (*sandboxNet, error) {
+	fw, err := d.egressFirewall()
+	if err != nil {
+		return nil, fmt.Errorf("set up the egress firewall: %w", err)
+	}
+	if fw == nil {
+		return nil, errors.New("this server runs without the egress firewall (--network is not allowlist)")
+	}
+	var ep *network.EndpointSettings
+	if ns != nil {
+		ep = ns.Networks[name]
+	}
+	if ep == nil || !ep.IPAddress.IsValid() || !ep.Gateway.IsValid() {
+		return nil, fmt.Errorf("the container is not on its network %s", name)
+	}
+	var raw string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "HTTPS_PROXY="); ok {
+			raw = v
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil || u.User.Username() != netproxy.CredentialUser {
+		return nil, errors.New("the container has no proxy URL with a credential")
+	}
+	token, _ := u.User.Password()
+	at, err := netip.ParseAddrPort(u.Host)
+	if err != nil || at.Addr() != ep.Gateway || token == "" {
+		return nil, fmt.Errorf("the container's proxy URL does not name its network's gateway %s", ep.Gateway)
+	}
+	n := &sandboxNet{id: ep.NetworkID, name: name, bridge: bridgeName(name), gateway: ep.Gateway, client: ep.IPAddress, port: int(at.Port()), token: token}
+	ln, err := net.Listen("tcp", at.String())
+	if err != nil {
+		return nil, fmt.Errorf("listen again at the proxy's address %s: %w", at, err)
+	}
+	if err := fw.adopt(n.name, n.bridge, n.gateway, n.client, n.port); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("take over the network's firewall rules: %w", err)
+	}
+	n.firewalled = true
 	n.revoke = proxy.Grant(sandbox, n.token)
 	pctx, stop := context.WithCancel(context.Background())
 	n.stop, n.served = stop, make(chan struct{})

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
+	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
@@ -45,10 +47,13 @@ func (s *stdinCloser) Close() error {
 // before this one started (backend.Reattacher): the container's stdin is
 // the same pipe, so the caller resumes the agent's protocol on it
 // (agentclient.Resume). A container that is gone, or no longer running, is
-// backend.ErrGone. A sandbox with a network of its own is not taken over
-// (its egress proxy lived in the server that died): it is removed and
-// reported gone, so the sandbox comes back from its last snapshot.
-func (d *Docker) Reattach(ctx context.Context, name string) (backend.Instance, error) {
+// backend.ErrGone. A sandbox with a network of its own is taken over with
+// it (adoptNet) when proxy is set: the proxy serves it again where the
+// last server's did, for its address and its credential. Without proxy
+// (the server cannot give it the same egress: see backend.Reattacher), or
+// when the network cannot be taken over, it is removed and reported gone,
+// so the sandbox comes back from its last snapshot.
+func (d *Docker) Reattach(ctx context.Context, name string, proxy *netproxy.Proxy) (backend.Instance, error) {
 	insp, err := d.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
 	if cerrdefs.IsNotFound(err) {
 		return nil, backend.ErrGone
@@ -63,16 +68,37 @@ func (d *Docker) Reattach(ctx context.Context, name string) (backend.Instance, e
 	if ct.State == nil || !ct.State.Running {
 		return nil, backend.ErrGone
 	}
+	c := &sandboxContainer{d: d, id: ct.ID, name: name}
 	if ct.HostConfig != nil && ct.HostConfig.NetworkMode != "none" {
-		d.log.Info("a sandbox with a network is not taken over; removing it", "container", name)
-		removeContainer(ctx, d.cli, ct.ID)
-		return nil, backend.ErrGone
+		var why error
+		if proxy == nil {
+			why = errors.New("this server cannot give it the same egress (it holds secrets, or its template has no network any more)")
+		} else {
+			c.net, why = d.adoptNet(ct.Config.Labels[LabelSandbox], string(ct.HostConfig.NetworkMode), ct.Config.Env, ct.NetworkSettings, proxy)
+		}
+		if why != nil {
+			d.log.Info("a sandbox with a network could not be taken over; removing it", "container", name, "why", why)
+			netName := string(ct.HostConfig.NetworkMode)
+			removeContainer(ctx, d.cli, ct.ID)
+			if err := removeNetwork(ctx, d.cli, netName); err != nil {
+				d.log.Warn("remove network", "network", netName, "err", err) // the sweep takes it later
+			}
+			if fw, err := d.egressFirewall(); err == nil && fw != nil {
+				fw.release(netName)
+			}
+			return nil, fmt.Errorf("%w: its network could not be taken over (%v)", backend.ErrGone, why)
+		}
 	}
 	att, err := d.cli.ContainerAttach(ctx, ct.ID, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
+		if c.net != nil {
+			// Not taken over after all: it goes with its network.
+			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			c.Remove(rctx)
+			cancel()
+		}
 		return nil, engineError("attach to the sandbox container", err)
 	}
-	c := &sandboxContainer{d: d, id: ct.ID, name: name}
 	c.stdin = d.attachStdin(att.Conn, ct.ID)
 	c.stdout, c.stderr = demuxAttach(att.Reader, d.log.With("sandbox", ct.Config.Labels[LabelSandbox], "container", ct.ID[:12]))
 	return c, nil

@@ -118,7 +118,8 @@ func (d *Docker) sweepNetworks(ctx context.Context) (int, error) {
 // whatever it finds is left over:
 // an object whose create the engine finished only after its start gave up
 // on it (see DefaultCreateGrace), or one whose removal failed. Each object
-// is logged; the error joins what could not be removed.
+// is logged; the error joins what could not be removed. What Detach let go
+// of is not left over: it stays for the next server.
 func (d *Docker) RemoveLeftovers(ctx context.Context) error {
 	var errs []error
 	list, err := d.cli.ContainerList(ctx, client.ContainerListOptions{
@@ -129,6 +130,9 @@ func (d *Docker) RemoveLeftovers(ctx context.Context) error {
 		errs = append(errs, engineError("list this server's containers", err))
 	}
 	for _, c := range list.Items {
+		if d.isKept(c.ID) {
+			continue // left running for the next server (Detach)
+		}
 		d.log.Warn("removing a container left behind", "container", c.ID[:12], "state", c.State, "sandbox", c.Labels[LabelSandbox])
 		if err := removeContainer(ctx, d.cli, c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("remove container %s: %w", c.ID[:12], err))
@@ -139,6 +143,9 @@ func (d *Docker) RemoveLeftovers(ctx context.Context) error {
 		errs = append(errs, engineError("list this server's networks", err))
 	}
 	for _, id := range ids {
+		if d.isKept(id) {
+			continue
+		}
 		d.log.Warn("removing a network left behind", "network", id[:12])
 		if err := removeNetwork(ctx, d.cli, id); err != nil {
 			errs = append(errs, fmt.Errorf("remove network %s: %w", id[:12], err))
