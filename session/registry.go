@@ -583,6 +583,9 @@ func (r *removals) do(remove func()) { r.wg.Go(remove) }
 // wait returns when every removal counted has ended.
 func (r *removals) wait() { r.wg.Wait() }
 
+// closeParallel bounds the sandboxes Close ends (or detaches) at once.
+const closeParallel = 16
+
 // Close removes every sandbox (waiting for removals already under way, and
 // for starts under way, which remove what they made when they are
 // abandoned), stops background work, then removes whatever is still on the
@@ -602,12 +605,20 @@ func (m *Manager) Close(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		var wg sync.WaitGroup
+		// At most closeParallel at once: a thousand removals at once
+		// drove a 2-core host's load average past 600 (make bench's
+		// density step), the engine serialises much of them anyway.
+		slots := make(chan struct{}, closeParallel)
 		for _, s := range all {
+			end := s.close
 			if keep && s.handle {
-				wg.Go(s.detach)
-			} else {
-				wg.Go(s.close)
+				end = s.detach
 			}
+			wg.Go(func() {
+				slots <- struct{}{}
+				defer func() { <-slots }()
+				end()
+			})
 		}
 		wg.Go(m.drainPool)
 		wg.Wait()

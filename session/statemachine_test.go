@@ -385,3 +385,45 @@ func TestNewSandboxGivesUpOnAStuckRemoval(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseEndsABoundedNumberAtOnce: Close ends its sandboxes at most
+// closeParallel at a time, so a server holding hundreds does not hand the
+// engine hundreds of removals at once.
+func TestCloseEndsABoundedNumberAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newFakeBackend(t)
+		const n = closeParallel + 9
+		m := fakeManager(t, b, nil)
+		for i := range n {
+			sb, err := m.Sandbox(fmt.Sprint("k", i), fmt.Sprint("caller", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, sb, "f", "x")
+		}
+		gate := make(chan struct{})
+		starts := b.starts()
+		if len(starts) != n {
+			t.Fatalf("%d instances started, want %d", len(starts), n)
+		}
+		for _, fi := range starts {
+			fi.gate = gate // a slow engine: every removal waits
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- m.Close(context.Background()) }()
+		synctest.Wait()
+		removing := 0
+		for _, fi := range starts {
+			if fi.removing.Load() {
+				removing++
+			}
+		}
+		if removing != closeParallel {
+			t.Errorf("%d removals under way at once, want %d", removing, closeParallel)
+		}
+		close(gate)
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
