@@ -194,10 +194,11 @@ func (m *Manager) warnMissingImages() {
 // templateImageError is what a caller sees when template tpl's image is
 // missing where the backend runs sandboxes (err wraps a
 // *backend.ImageMissingError): which template, which image, and what the
-// operator does. It returns nil for any other error.
+// operator does. It returns nil for any other error, and for the default
+// template, whose image is the server's own (--image).
 func templateImageError(tpl *Template, err error) error {
 	var im *backend.ImageMissingError
-	if !errors.As(err, &im) {
+	if tpl.isDefault || !errors.As(err, &im) {
 		return nil
 	}
 	return errcode.Errorf(errcode.Unavailable, "the template %s cannot start a sandbox: its %v. The server's operator must build or load that image (or change the template's \"image\" in the server's config file; `sandbox-mcp doctor` checks every template's image); the server's other templates work, and this one does once the image is there", tpl.Name, im)
