@@ -201,7 +201,7 @@ func templateImageError(tpl *Template, err error) error {
 	if tpl.isDefault || !errors.As(err, &im) {
 		return nil
 	}
-	return errcode.Errorf(errcode.Unavailable, "the template %s cannot start a sandbox: its %v. The server's operator must build or load that image (or change the template's \"image\" in the server's config file; `sandbox-mcp doctor` checks every template's image); the server's other templates work, and this one does once the image is there", tpl.Name, im)
+	return errcode.Errorf(errcode.Unavailable, "the template %s cannot start a sandbox: its %w. The server's operator must build or load that image (or change the template's \"image\" in the server's config file; `sandbox-mcp doctor` checks every template's image); the server's other templates work, and this one does once the image is there", tpl.Name, im)
 }
 
 // checkTemplateImage fails the creation of a sandbox of template tpl at

@@ -128,9 +128,10 @@ func checkKubeTemplates(ctx context.Context, cfg Config, m *session.Manager, r *
 			}
 		}
 		m.Release(key)
+		var im *backend.ImageMissingError
 		switch {
-		case errors.As(err, new(*backend.ImageMissingError)):
-			r.fail("template %s: image %s is not on the node that ran its pod, nor in a registry the node reaches: load it into every node that runs sandboxes (make k8s-images does on a test node) or push it to a registry they reach, or change the template's \"image\" in %s (%v)", t.Name, t.Image, cfg.ConfigFile, err)
+		case errors.As(err, &im):
+			r.fail("template %s: image %s is not on the node that ran its pod, nor in a registry the node reaches: load it into every node that runs sandboxes (make k8s-images does on a test node) or push it to a registry they reach, or change the template's \"image\" in %s (the pod: %s)", t.Name, t.Image, cfg.ConfigFile, im.Where)
 		case err != nil:
 			r.fail("template %s: image %s: a sandbox pod of it could not run `true`: %v", t.Name, t.Image, err)
 		default:
