@@ -35,6 +35,9 @@ func TestKubeTemplates(t *testing.T) {
 	if _, err := testenv.Engine(t).ImageTag(context.Background(), client.ImageTagOptions{Source: testenv.TestImage(t), Target: big}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		_, _ = testenv.Engine(t).ImageRemove(context.Background(), big, client.ImageRemoveOptions{}) // the tag; the node keeps its copy
+	})
 	if out, err := exec.Command("bash", filepath.Join(testenv.RepoRoot(), "hack", "k8s-images.sh"), big).CombinedOutput(); err != nil {
 		t.Fatalf("hack/k8s-images.sh %s: %v\n%s", big, err, out)
 	}
