@@ -144,6 +144,9 @@ func (m *Manager) Create(ctx context.Context, owner string, o CreateOptions) (*S
 	if err != nil {
 		return nil, err
 	}
+	if err := m.checkTemplateImage(ctx, tpl); err != nil {
+		return nil, err
+	}
 	if len(o.Label) > MaxLabelBytes || !utf8.ValidString(o.Label) || strings.ContainsFunc(o.Label, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return nil, errcode.Errorf(errcode.InvalidArgument, "label must be valid UTF-8 text of at most %d bytes without control characters", MaxLabelBytes)
 	}

@@ -79,6 +79,9 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int, tp
 		Proxy:    m.proxyFor(tpl),
 	})
 	if err != nil {
+		if terr := templateImageError(tpl, err); terr != nil {
+			return inst, terr
+		}
 		return inst, err
 	}
 	inst.box = box

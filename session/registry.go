@@ -300,6 +300,7 @@ func (m *Manager) prepare(ctx context.Context, step func(backend.Step)) error {
 	if err := m.backend.Prepare(ctx, step); err != nil {
 		return err
 	}
+	m.warnMissingImages()
 	step(backend.Step{What: "sweeping what earlier servers left behind"})
 	if err := m.Sweep(ctx); err != nil {
 		m.log.Warn("sweep of leftovers failed", "err", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
 // DefaultTemplate is the name of the template the server's own options
@@ -168,3 +169,56 @@ func (s *Sandbox) Template() string { return s.tpl.Name }
 // Policy returns the policy of the sandbox's template: what the tools
 // check its calls against.
 func (s *Sandbox) Policy() policy.Policy { return s.tpl.Policy }
+
+// warnMissingImages tells the operator, once prepared, which templates
+// cannot start a sandbox because the backend lacks their image (a backend
+// with MissingImages: Docker); the other templates run meanwhile, and each
+// start of theirs looks for the image again.
+func (m *Manager) warnMissingImages() {
+	mi, ok := m.backend.(interface{ MissingImages() []string })
+	if !ok {
+		return
+	}
+	for _, img := range mi.MissingImages() {
+		var names []string
+		for _, n := range m.TemplateNames() {
+			if t := m.templates[n]; t != nil && t.Image == img {
+				names = append(names, n)
+			}
+		}
+		m.log.Warn("sandbox templates cannot start until their image is on the engine: build or load it, or change their \"image\" in the config file (`sandbox-mcp doctor` checks); the other templates work meanwhile",
+			"templates", strings.Join(names, ","), "image", img)
+	}
+}
+
+// templateImageError is what a caller sees when template tpl's image is
+// missing where the backend runs sandboxes (err wraps a
+// *backend.ImageMissingError): which template, which image, and what the
+// operator does. It returns nil for any other error, and for the default
+// template, whose image is the server's own (--image).
+func templateImageError(tpl *Template, err error) error {
+	var im *backend.ImageMissingError
+	if tpl.isDefault || !errors.As(err, &im) {
+		return nil
+	}
+	return errcode.Errorf(errcode.Unavailable, "the template %s cannot start a sandbox: its %w. The server's operator must build or load that image (or change the template's \"image\" in the server's config file; `sandbox-mcp doctor` checks every template's image); the server's other templates work, and this one does once the image is there", tpl.Name, im)
+}
+
+// checkTemplateImage fails the creation of a sandbox of template tpl at
+// once when the backend knows its image is missing (a backend with
+// ImageReady: Docker, which looks again and prepares the image if it came
+// since). Before the preparation is done it says nothing: the first call
+// waits for that and meets the missing image then.
+func (m *Manager) checkTemplateImage(ctx context.Context, tpl *Template) error {
+	ir, ok := m.backend.(interface {
+		ImageReady(context.Context, string) error
+	})
+	if tpl.Image == "" || !ok || !m.prep.status().Ready {
+		return nil
+	}
+	err := ir.ImageReady(ctx, tpl.Image)
+	if terr := templateImageError(tpl, err); terr != nil {
+		return terr
+	}
+	return err
+}

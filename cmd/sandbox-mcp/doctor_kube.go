@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/sandbox-mcp/sandbox-mcp/session"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend/kube"
 )
 
@@ -78,6 +81,7 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 	}
 	r.ok("server lease and network policies in namespace %s (%s); whether the cluster's network plugin enforces NetworkPolicies cannot be seen from its API: use one that does (Calico, Cilium, kube-router…)",
 		k.Namespace, time.Since(start).Round(time.Millisecond))
+	checkKubeTemplates(ctx, cfg, m, r)
 	sb := checkSandbox(ctx, m, r, kube.AgentPath, kubeSeccomp(k.SeccompLocalhost), "pod start included: scheduling, the agent image's init container, the exec stream")
 	if sb == nil {
 		return
@@ -100,6 +104,40 @@ func doctorKube(ctx context.Context, cfg Config, r *report) {
 		checkKubePids(ctx, probe, pod.Name, r) // last: it may end the sandbox
 	}
 	m.Release("doctor")
+}
+
+// checkKubeTemplates checks every template's image the way the cluster
+// would run it: nodes are not asked for their images, so a sandbox pod of
+// each template with an image of its own starts and runs `true` (once per
+// image). A missing image is a FAIL naming the template, the image and
+// what to do.
+func checkKubeTemplates(ctx context.Context, cfg Config, m *session.Manager, r *report) {
+	checked := map[string]bool{cfg.Image: true}
+	for _, t := range cfg.Templates {
+		if checked[t.Image] {
+			continue
+		}
+		checked[t.Image] = true
+		key := "doctor-template-" + t.Name
+		sb, err := m.SandboxWithTemplate(key, "", t.Name)
+		if err == nil {
+			var res session.ExecResult
+			res, err = sb.Exec(ctx, session.ExecRequest{Argv: []string{"true"}, Cwd: ".", Timeout: 30 * time.Second})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("`true` exited %d", res.ExitCode)
+			}
+		}
+		m.Release(key)
+		var im *backend.ImageMissingError
+		switch {
+		case errors.As(err, &im):
+			r.fail("template %s: image %s is not on the node that ran its pod, nor in a registry the node reaches: load it into every node that runs sandboxes (make k8s-images does on a test node) or push it to a registry they reach, or change the template's \"image\" in %s (the pod: %s)", t.Name, t.Image, cfg.ConfigFile, im.Where)
+		case err != nil:
+			r.fail("template %s: image %s: a sandbox pod of it could not run `true`: %v", t.Name, t.Image, err)
+		default:
+			r.ok("template %s: image %s (a sandbox pod of it ran `true`)", t.Name, t.Image)
+		}
+	}
 }
 
 // pidsProbeThreads is how far doctor's probe goes looking for a sandbox

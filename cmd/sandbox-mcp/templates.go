@@ -244,6 +244,11 @@ func (t Template) validate(cfg Config, secretsSet bool) error {
 		(t.WorkspaceFrom != cfg.WorkspaceFrom || !cfg.Policy.ReadOnly || t.Image != cfg.Image || cfg.Kube.Backend == BackendKubernetes) {
 		errs = append(errs, errors.New(`a read-only workspace starts with content only as the default's does (the same "workspace-from" and image, the flags read-only too, on Docker): set "workspace-from": "" or make the template writable`))
 	}
+	if cfg.Kube.Backend == BackendKubernetes && slices.Contains(t.Keys, "pids") {
+		// Refused rather than shown and not applied: the instructions and
+		// sandbox://policy would promise a limit no pod has.
+		errs = append(errs, errors.New(`"pids" does not apply on --backend kubernetes: Kubernetes has no per-pod process limit, every sandbox pod gets the kubelet's podPidsLimit (docs/kubernetes.md); drop the key`))
+	}
 	if cfg.Kube.Backend == BackendKubernetes && networked && cfg.Policy.Network != policy.NetworkAllowlist {
 		errs = append(errs, errors.New(`on --backend kubernetes a template gets "network": "allowlist" only when the flags have --network=allowlist (the proxy's NetworkPolicy is made for it)`))
 	}

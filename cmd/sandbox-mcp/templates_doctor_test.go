@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"strings"
 	"testing"
 
+	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/testenv"
@@ -84,4 +87,48 @@ func TestServerListsTemplates(t *testing.T) {
 	s.fails("sandbox_write_file", map[string]any{"path": "a.txt", "content": "x", "sandbox": locked}, "READ_ONLY")
 	s.fails("sandbox_exec", map[string]any{"argv": []string{"true"}, "sandbox": locked}, "POLICY_DENIED")
 	s.fails("sandbox_create", map[string]any{"template": "huge"}, "INVALID_ARGUMENT")
+}
+
+// TestTemplateImageMissing: a template whose image is not on the engine
+// does not hold the server back. The server starts and prepares, the
+// default sandbox and the other templates run, the log names the template
+// and the image, and that template's sandbox_create is UNAVAILABLE saying
+// which template, which image and what the operator does. Once the image
+// is there, the same server starts that template's sandboxes.
+func TestTemplateImageMissing(t *testing.T) {
+	img := testenv.TestImage(t)
+	var b [4]byte
+	rand.Read(b[:])
+	late := "sandbox-mcp-test-late-template:" + hex.EncodeToString(b[:])
+	file := writeConfig(t, t.TempDir(), `{"templates": {
+		"late": {"image": "`+late+`"},
+		"here": {"image": "`+img+`", "memory": "128MiB"}}}`)
+	s := startServer(t, serverOpts{args: []string{"--config", file}})
+	if out := s.ok("sandbox_exec", map[string]any{"argv": []string{"echo", "default"}}); out["stdout"] != "default\n" {
+		t.Fatalf("the default sandbox: %v", out)
+	}
+	if warn := "templates=late image=" + late; !strings.Contains(s.stderr.String(), warn) {
+		t.Errorf("the log does not name the template and its image (%q):\n%s", warn, s.stderr)
+	}
+	here := s.ok("sandbox_create", map[string]any{"template": "here"})["sandbox"]
+	s.ok("sandbox_exec", map[string]any{"argv": []string{"true"}, "sandbox": here})
+	msg := s.fails("sandbox_create", map[string]any{"template": "late"}, "UNAVAILABLE")
+	for _, want := range []string{"template late", "image " + late + " is not on this Docker engine", "build or load", "config file", "doctor"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("sandbox_create of the template without its image: %q lacks %q", msg, want)
+		}
+	}
+
+	// The operator loads the image: the next create prepares and runs it.
+	cli := testenv.Engine(t)
+	if _, err := cli.ImageTag(context.Background(), client.ImageTagOptions{Source: img, Target: late}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = cli.ImageRemove(context.Background(), late, client.ImageRemoveOptions{})
+	})
+	got := s.ok("sandbox_create", map[string]any{"template": "late"})
+	if out := s.ok("sandbox_exec", map[string]any{"argv": []string{"echo", "late"}, "sandbox": got["sandbox"]}); out["stdout"] != "late\n" {
+		t.Fatalf("the template once its image is there: %v", out)
+	}
 }

@@ -84,6 +84,8 @@ func TestTemplatesRefused(t *testing.T) {
 		{"read-only with its own seed", ``, `{"t": {"read-only": true, "workspace-from": "` + seed + `"}}`, `a read-only workspace starts with content only as the default's does`},
 		{"missing seed", ``, `{"t": {"workspace-from": "` + filepath.Join(seed, "nope") + `"}}`, `workspace-from`},
 		{"not an object", ``, `["t"]`, `"templates" must be an object`},
+		{"pids on kubernetes", `"backend": "kubernetes", "namespace": "ns", "agent-image": "agent:1",`, `{"t": {"pids": 64}}`, `"pids" does not apply on --backend kubernetes`},
+		{"allowlist on kubernetes without the flags'", `"backend": "kubernetes", "namespace": "ns", "agent-image": "agent:1",`, `{"t": {"network": "allowlist", "allow-host": ["pypi.org"]}}`, `only when the flags have --network=allowlist`},
 	} {
 		file := writeConfig(t, dir, `{`+tc.server+` "templates": `+tc.templates+`}`)
 		_, err := ParseConfig([]string{"--config", file}, envFrom(env))

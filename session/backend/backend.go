@@ -201,6 +201,20 @@ type Detacher interface {
 // ErrGone is Reattach's error for an instance that no longer runs.
 var ErrGone = errors.New("the sandbox's container is gone")
 
+// ImageMissingError is (wrapped in) Start's error when the instance's
+// image (InstanceSpec.Image, a template's) is not where the backend runs
+// instances from (the engine, the node): the operator must build or load
+// it. The session names the template in what the caller sees.
+type ImageMissingError struct {
+	// Image is the image's name.
+	Image string
+	// Where completes "image X is not ...": "on this Docker engine, and
+	// nothing is pulled".
+	Where string
+}
+
+func (e *ImageMissingError) Error() string { return "image " + e.Image + " is not " + e.Where }
+
 // Leftovers is implemented by a backend that may leave objects behind
 // after a start gave up (an engine that finished a create its client had
 // abandoned): the server calls RemoveLeftovers once, after it removed

@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -126,11 +127,17 @@ type Docker struct {
 	log *slog.Logger
 	// mu guards what Prepare sets, which a Prepare tried again after a
 	// failure may set again.
-	mu         sync.Mutex
-	image      string            // runtime image, set by Prepare
-	images     map[string]string // runtime image of each of Config.Images, set by Prepare
-	agentMount string            // host path of the agent bind-mounted into sandboxes; "" when the image holds it
-	fw         *firewall         // nil without Egress
+	mu     sync.Mutex
+	image  string            // runtime image, set by Prepare
+	images map[string]string // runtime image of each of Config.Images, set by Prepare
+	// missing holds the template images (of Config.Images) Prepare did
+	// not find on the engine: their templates' starts look again, and
+	// prepare the image once it is there (tplMu serializes that).
+	missing    map[string]bool
+	plan       imagePlan // the default's plan, for a template image prepared late
+	tplMu      sync.Mutex
+	agentMount string    // host path of the agent bind-mounted into sandboxes; "" when the image holds it
+	fw         *firewall // nil without Egress
 	// kept are the ids of the containers and networks Detach let go of.
 	kept map[string]bool
 	// createGrace is DefaultCreateGrace (tests shorten it).
@@ -209,19 +216,22 @@ func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
 	if err != nil {
 		return err
 	}
-	images := map[string]string{}
+	images, missing := map[string]string{}, map[string]bool{}
 	for _, base := range d.cfg.Images {
-		if _, done := images[base]; done {
+		if _, done := images[base]; done || missing[base] {
 			continue
 		}
 		step(backend.Step{What: "checking the template image " + base})
-		bi, err := inspectBase(ctx, d.cli, base)
-		if err != nil {
+		// A template whose image is not there yet does not hold the
+		// others back: its own starts fail, saying so, until it is.
+		img, err := d.templateImage(ctx, plan, base, step)
+		switch {
+		case errors.As(err, new(*backend.ImageMissingError)):
+			missing[base] = true // the session says so (MissingImages)
+		case err != nil:
 			return fmt.Errorf("a sandbox template's image: %w", err)
-		}
-		tplan := imagePlan{base: base, baseID: bi.ID, agent: agent, noAgent: plan.noAgent, uid: d.cfg.UID, gid: d.cfg.GID}
-		if images[base], err = runtimeImage(ctx, d.cli, tplan, step); err != nil {
-			return err
+		default:
+			images[base] = img
 		}
 	}
 	if d.cfg.Egress {
@@ -231,9 +241,92 @@ func (d *Docker) Prepare(ctx context.Context, step func(backend.Step)) error {
 		}
 	}
 	d.mu.Lock()
-	d.image, d.agentMount, d.images = img, mountPath, images
+	d.image, d.agentMount, d.images, d.missing, d.plan = img, mountPath, images, missing, imagePlan{}
+	if len(missing) > 0 {
+		d.plan = plan // the agent's bytes, kept only while an image may come late
+	}
 	d.mu.Unlock()
 	return nil
+}
+
+// templateImage checks a template's base image and gives it the agent as
+// plan gives the default's (without its seed). An image the engine does
+// not have is a *backend.ImageMissingError.
+func (d *Docker) templateImage(ctx context.Context, plan imagePlan, base string, step func(backend.Step)) (string, error) {
+	bi, err := d.cli.ImageInspect(ctx, base)
+	if cerrdefs.IsNotFound(err) {
+		return "", &backend.ImageMissingError{Image: base, Where: "on this Docker engine, and the server pulls nothing"}
+	}
+	if err != nil {
+		return "", fmt.Errorf("inspect image %q: %w", base, err)
+	}
+	tplan := imagePlan{base: base, baseID: bi.ID, agent: plan.agent, noAgent: plan.noAgent, uid: d.cfg.UID, gid: d.cfg.GID}
+	return runtimeImage(ctx, d.cli, tplan, step)
+}
+
+// MissingImages returns the template images (of Config.Images) that are
+// not on the engine yet, sorted: their templates' sandboxes cannot start
+// until the operator builds or loads them.
+func (d *Docker) MissingImages() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.missing))
+	for img := range d.missing {
+		out = append(out, img)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ImageReady checks that a template's base image is ready for a start:
+// prepared, or there now and prepared by this call. A missing one is a
+// *backend.ImageMissingError (wrapped).
+func (d *Docker) ImageReady(ctx context.Context, base string) error {
+	_, _, err := d.imageFor(ctx, base)
+	return err
+}
+
+// imageFor returns the runtime image of a start's base image ("" for the
+// default's) and the agent's bind-mount path. A template image Prepare did
+// not find is looked for again, and prepared once it is there: the
+// operator may build it while the server runs.
+func (d *Docker) imageFor(ctx context.Context, base string) (img, agentMount string, err error) {
+	d.mu.Lock()
+	img, agentMount = d.image, d.agentMount
+	missing, plan := d.missing[base], d.plan
+	if base != "" {
+		img = d.images[base]
+	}
+	d.mu.Unlock()
+	switch {
+	case img != "":
+		return img, agentMount, nil
+	case !missing:
+		return "", "", errcode.Errorf(errcode.Unavailable, "cannot start the sandbox: its template's image %s was not prepared (the server's Docker backend lacks it in Config.Images)", base)
+	}
+	d.tplMu.Lock()
+	defer d.tplMu.Unlock()
+	d.mu.Lock()
+	img = d.images[base]
+	d.mu.Unlock()
+	if img != "" {
+		return img, agentMount, nil // another start prepared it meanwhile
+	}
+	img, err = d.templateImage(ctx, plan, base, func(s backend.Step) {
+		d.log.Info("preparing a template's image", "image", base, "step", s.What)
+	})
+	if errors.As(err, new(*backend.ImageMissingError)) {
+		return "", "", errcode.Errorf(errcode.Unavailable, "cannot start the sandbox: %w", err)
+	}
+	if err != nil {
+		return "", "", engineError("prepare the template image "+base, err)
+	}
+	d.mu.Lock()
+	d.images[base] = img
+	delete(d.missing, base)
+	d.mu.Unlock()
+	d.log.Info("a sandbox template's image is there now", "image", base, "runtime_image", img)
+	return img, agentMount, nil
 }
 
 // agentMode resolves AgentMountAuto: a bind mount where the engine is on
@@ -601,6 +694,10 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 	if ctx.Err() != nil {
 		return nil, abandoned(ctx, "start the sandbox")
 	}
+	img, agentMount, err := d.imageFor(ctx, spec.Image)
+	if err != nil {
+		return nil, err
+	}
 	env := append([]string(nil), spec.Env...)
 	netName, dns, addr := "none", []netip.Addr(nil), netip.Addr{}
 	if spec.Proxy != nil {
@@ -613,15 +710,6 @@ func (d *Docker) Start(ctx context.Context, spec backend.InstanceSpec) (_ backen
 		netName, dns, addr = n.name, []netip.Addr{n.gateway}, n.client
 	}
 	l := spec.Limits
-	d.mu.Lock()
-	img, agentMount := d.image, d.agentMount
-	if spec.Image != "" {
-		img = d.images[spec.Image]
-	}
-	d.mu.Unlock()
-	if img == "" {
-		return nil, errcode.Errorf(errcode.Unavailable, "cannot start the sandbox: its template's image %s was not prepared (the server's Docker backend lacks it in Config.Images)", spec.Image)
-	}
 	if agentMount != "" {
 		touch(agentMount) // in use: not pruned by another server's start
 	}

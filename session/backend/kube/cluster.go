@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
 // Defaults of Config.
@@ -454,6 +455,10 @@ var fatalWaiting = map[string]bool{
 	"CrashLoopBackOff": true, "PreCreateHookError": true, "PreStartHookError": true,
 }
 
+// imageMissing are the waiting reasons of an image the node does not have
+// and cannot pull.
+var imageMissing = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": true, "ErrImageNeverPull": true}
+
 // podStarted reports whether the pod's sandbox container runs (true, nil),
 // or a reason the pod will not start (an UNAVAILABLE error), or neither
 // yet (false, nil). It is pure.
@@ -473,6 +478,18 @@ func podStarted(p *corev1.Pod) (bool, error) {
 	check := func(kind string, sts []corev1.ContainerStatus) (bool, error) {
 		for _, st := range sts {
 			if w := st.State.Waiting; w != nil && fatalWaiting[w.Reason] {
+				if kind == "sandbox" && imageMissing[w.Reason] {
+					// The sandbox image (a template's, or the server's):
+					// the session names the template.
+					img := ""
+					for _, c := range p.Spec.Containers {
+						if c.Name == st.Name {
+							img = c.Image
+						}
+					}
+					return false, errcode.Errorf(errcode.Unavailable, "sandbox pod %s cannot start: %w", p.Name, &backend.ImageMissingError{Image: img,
+						Where: fmt.Sprintf("on the node, nor in a registry it reaches (%s: %s); load it into the nodes (make k8s-images loads a test node) or push it to their registry", w.Reason, w.Message)})
+				}
 				hint := ""
 				if strings.Contains(w.Reason, "Image") {
 					hint = "; check that the image exists on the nodes or in a registry they reach (make k8s-images loads them into a test node)"

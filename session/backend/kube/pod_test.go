@@ -1,12 +1,15 @@
 package kube
 
 import (
+	"errors"
 	"maps"
 	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
 func testParams() Params {
@@ -241,6 +244,10 @@ func TestPodStarted(t *testing.T) {
 		{"image missing", pod(func(p *corev1.Pod) {
 			p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: AgentContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImageNeverPull", Message: "not present"}}}}
 		}), false, "ErrImageNeverPull"},
+		{"sandbox image missing", pod(func(p *corev1.Pod) {
+			p.Spec.Containers = []corev1.Container{{Name: SandboxContainer, Image: "tpl:1"}}
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: SandboxContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImageNeverPull", Message: "not present"}}}}
+		}), false, "image tpl:1 is not on the node"},
 		{"image pulling", pod(func(p *corev1.Pod) {
 			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: SandboxContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}}}
 		}), false, ""},
@@ -255,6 +262,12 @@ func TestPodStarted(t *testing.T) {
 		}
 		if err != nil && !isUnavailable(err) {
 			t.Errorf("%s: %v is not UNAVAILABLE", tc.name, err)
+		}
+		// The sandbox container's image (a template's) is one the
+		// session names the template for; the agent image is not.
+		var im *backend.ImageMissingError
+		if got, want := errors.As(err, &im), tc.name == "sandbox image missing"; got != want || got && im.Image != "tpl:1" {
+			t.Errorf("%s: %v is an ImageMissingError: %v, want %v", tc.name, err, got, want)
 		}
 	}
 }
