@@ -127,3 +127,19 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 	inst.env, inst.revoke = env, revoke
 	return inst, nil
 }
+
+// Reattach takes over the agent of a running sandbox pod, whichever
+// server started it (Cluster.Reattach): backend.Reattacher.
+func (b *Backend) Reattach(ctx context.Context, name string) (backend.Instance, error) {
+	inst, err := b.cfg.Cluster.Reattach(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+// FindSandbox returns a sandbox's running pod, whichever server started
+// it (Cluster.Find).
+func (b *Backend) FindSandbox(ctx context.Context, sandbox string) (string, int, bool, error) {
+	return b.cfg.Cluster.Find(ctx, sandbox)
+}
