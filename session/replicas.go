@@ -268,7 +268,7 @@ func (s *Sandbox) takeBack(ctx context.Context) (*instance, error) {
 	m := s.m
 	if rec, ok, err := m.getHandle(s.id); err == nil && ok && rec.Ended {
 		e := endedSandbox{owner: s.owner, why: rec.Why, snapshot: rec.Snapshot}
-		go m.endHere(s, e)
+		m.endHere(s, e)
 		return nil, e.err(s.id)
 	}
 	inst, gen, err := m.takeOver(ctx, s)
@@ -287,8 +287,9 @@ func (s *Sandbox) takeBack(ctx context.Context) (*instance, error) {
 	return inst, nil
 }
 
-// endHere forgets a sandbox another replica ended: its calls end and what
-// it still has here goes (its pod was removed by the other replica).
+// endHere forgets a sandbox another replica ended: from now on it is not
+// found (its calls hear that it ended), and what it still has here goes
+// in the background (its pod was removed by the other replica).
 func (m *Manager) endHere(s *Sandbox, e endedSandbox) {
 	m.mu.Lock()
 	if m.byID[s.id] != s || s.ending {
@@ -301,7 +302,13 @@ func (m *Manager) endHere(s *Sandbox, e endedSandbox) {
 	s.mu.Lock()
 	s.gone = e.err(s.id)
 	s.mu.Unlock()
-	m.remove(s)
+	// In the background: the removal waits for the transition of the
+	// call that found the tombstone.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.remove(s)
+	}()
 }
 
 // takeBackLocked runs takeBack as a transition of s, for ready: s.mu is

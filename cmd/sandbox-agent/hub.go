@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 )
@@ -171,8 +172,13 @@ func (h *hubState) accept(ln net.Listener) {
 		h.inMu.Lock()
 		h.inMu.Unlock()
 		if old != nil {
-			_ = old.record(recSuperseded, nil)
-			old.c.Close()
+			// A write to it that blocks (its server stopped reading)
+			// must not hold the hub: the deadline ends it.
+			_ = old.c.SetWriteDeadline(time.Now().Add(time.Second))
+			go func() {
+				_ = old.record(recSuperseded, nil)
+				old.c.Close()
+			}()
 		}
 		go h.pump(hc, g)
 	}
