@@ -348,12 +348,17 @@ func (s *Sandbox) takeBackLocked(ctx context.Context) (inst *instance, err error
 		s.mu.Unlock()
 		return inst, nil, true
 	}
-	if old != nil && !old.reported.Load() && !errors.Is(old.conn.Err(), backend.ErrSuperseded) {
+	// No instance runs anywhere. If the handle ran before (here or on
+	// another replica, whose idle removal saved it), its next container
+	// starts from its latest snapshot, and the call says so.
+	before := s.restoreFrom
+	s.planRecovery()
+	switch {
+	case s.lost != "":
+	case old != nil && !old.reported.Load() && !errors.Is(old.conn.Err(), backend.ErrSuperseded):
 		s.lost = fmt.Sprintf("lost its workspace and its jobs: its container stopped (%v)", old.conn.Err())
-		s.planRecovery()
-	} else if old != nil && s.lost == "" {
-		s.lost = "lost its processes and jobs: its container stopped while another server (replica) held it"
-		s.planRecovery()
+	case old != nil || s.restoreFrom != before:
+		s.lost = "was not running: its container was removed while another server (replica) held it (idle, or lost); its processes and jobs are gone"
 	}
 	return nil, nil, false
 }
