@@ -364,7 +364,15 @@ func (m *Manager) end(s *Sandbox, why string, saved *snapshot.Info) bool {
 	}
 	m.ended.add(s.id, e)
 	m.mu.Unlock()
-	if s.handle && m.shared() != nil {
+	if sb := m.shared(); s.handle && sb != nil {
+		defer func() {
+			// Another replica may hold its pod: it goes too.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := sb.RemoveSandbox(ctx, s.id); err != nil {
+				m.log.Warn("removing an ended sandbox's pods held by another replica failed", "sandbox", s.id, "err", err)
+			}
+		}()
 		// Every replica's next call naming it hears that it ended.
 		rec, _, _ := m.getHandle(s.id)
 		rec.Owner, rec.Ended, rec.Why, rec.Snapshot = m.callerTag(s.owner), true, why, e.snapshot

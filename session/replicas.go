@@ -36,6 +36,9 @@ type SharedBackend interface {
 	// instance of a sandbox, whichever server started it; ok is false
 	// when none runs.
 	FindSandbox(ctx context.Context, sandbox string) (name string, gen int, ok bool, err error)
+	// RemoveSandbox removes every instance of a sandbox, whichever
+	// server holds it (the sandbox ended).
+	RemoveSandbox(ctx context.Context, sandbox string) error
 }
 
 // handleRecord is a handle as the servers sharing a state directory know
@@ -361,4 +364,20 @@ func (s *Sandbox) takeBackLocked(ctx context.Context) (inst *instance, err error
 		s.lost = "was not running: its container was removed while another server (replica) held it (idle, or lost); its processes and jobs are gone"
 	}
 	return nil, nil, false
+}
+
+// endedElsewhere reports whether another replica ended the handle (its
+// shared record is a tombstone), and then ends it here: s.gone is the
+// error its calls get. One small file read per call. s.mu is held.
+func (s *Sandbox) endedElsewhere() bool {
+	rec, ok, err := s.m.getHandle(s.id)
+	if err != nil || !ok || !rec.Ended {
+		return false
+	}
+	e := endedSandbox{owner: s.owner, why: rec.Why, snapshot: rec.Snapshot}
+	s.gone = e.err(s.id)
+	s.mu.Unlock()
+	s.m.endHere(s, e)
+	s.mu.Lock()
+	return true
 }

@@ -164,6 +164,11 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		}
 		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
+	if s.handle && s.m.shared() != nil && s.endedElsewhere() {
+		err := s.gone
+		s.mu.Unlock()
+		return nil, err
+	}
 	if s.handle && s.m.shared() != nil && (s.cur == nil || s.cur.conn.Err() != nil) {
 		// Another replica may hold the handle now (it took the agent
 		// over, which cut this server's stream), or have ended it.
