@@ -192,7 +192,7 @@ func (m *Manager) reattach(ctx context.Context, rec Record, tpl *Template) (*ins
 		return nil, res, err
 	}
 	log := m.log.With("sandbox", rec.Sandbox, "container", box.Name())
-	c, res, err := agentclient.Resume(ctx, box.Stdout(), box.Stdin(), box.Stdin(), rec.Token, m.opts.Lease, agentproto.ResumeQuiet, log)
+	c, res, err := agentclient.Resume(ctx, box.Stdout(), box.Stdin(), box.Stdin(), rec.Token, m.opts.Lease, resumeQuiet(box), log)
 	inst := &instance{box: box, conn: c, quiet: make(chan struct{}), token: rec.Token}
 	if err != nil {
 		inst.conn = nil

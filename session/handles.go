@@ -174,11 +174,24 @@ func (m *Manager) Create(ctx context.Context, owner string, o CreateOptions) (*S
 	if _, err := m.room(owner, nil); err != nil {
 		return nil, err
 	}
+	if share := m.opts.MaxSandboxesPerCaller; m.shared() != nil && share > 0 && m.countHandles(owner) >= share {
+		// Counted across the replicas, from the handles' shared
+		// records: two creates on two replicas at once may both pass.
+		return nil, errcode.Errorf(errcode.Busy, "you already hold %d sandboxes, the most one caller may (--max-sandboxes-per-caller); end one with sandbox_end (sandbox_status lists them), then try again", share)
+	}
 	s, err := m.newSandbox(owner, "", tpl, from == "")
 	if err != nil {
 		return nil, err
 	}
 	s.handle, s.label, s.restoreFrom, s.from = true, o.Label, from, from
+	if m.shared() != nil {
+		rec := handleRecord{Owner: m.callerTag(owner), Template: tpl.Name, Label: o.Label, From: from, Created: s.created}
+		if err := m.putHandle(s.id, rec); err != nil {
+			delete(m.byID, s.id)
+			go s.close()
+			return nil, errcode.Errorf(errcode.Unavailable, "cannot write the sandbox's record in the shared state directory: %v", err)
+		}
+	}
 	m.log.Info("sandbox created", "sandbox", s.id, "template", tpl.Name, "snapshot", from)
 	return s, nil
 }
@@ -198,6 +211,9 @@ func (m *Manager) findLocked(id, owner string) (*Sandbox, error) {
 	}
 	if e, ok := m.ended.byID[id]; ok && e.owner == owner {
 		return nil, e.err(id)
+	}
+	if m.shared() != nil && m.byID[id] == nil && !m.closed {
+		return m.adoptShared(id, owner)
 	}
 	return nil, notFound(id)
 }
@@ -351,6 +367,22 @@ func (m *Manager) end(s *Sandbox, why string, saved *snapshot.Info) bool {
 	}
 	m.ended.add(s.id, e)
 	m.mu.Unlock()
+	if sb := m.shared(); s.handle && sb != nil {
+		defer func() {
+			// Another replica may hold its pod: it goes too.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := sb.RemoveSandbox(ctx, s.id); err != nil {
+				m.log.Warn("removing an ended sandbox's pods held by another replica failed", "sandbox", s.id, "err", err)
+			}
+		}()
+		// Every replica's next call naming it hears that it ended.
+		rec, _, _ := m.getHandle(s.id)
+		rec.Owner, rec.Ended, rec.Why, rec.Snapshot = m.callerTag(s.owner), true, why, e.snapshot
+		if err := m.putHandle(s.id, rec); err != nil {
+			m.log.Warn("the ended sandbox's shared record could not be written; other replicas may take it up again", "sandbox", s.id, "err", err)
+		}
+	}
 	s.mu.Lock()
 	s.gone = e.err(s.id)
 	s.mu.Unlock()

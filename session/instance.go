@@ -86,7 +86,11 @@ func (m *Manager) startInstance(ctx context.Context, sandbox string, gen int, tp
 	}
 	inst.box = box
 	log := m.log.With("sandbox", sandbox, "container", box.Name())
-	if m.opts.Slot != nil {
+	if m.shared() != nil {
+		// Any replica can take this agent over (replicas.go): the
+		// token is one they all derive.
+		inst.token = m.resumeToken(sandbox)
+	} else if m.opts.Slot != nil {
 		// A server that keeps records can take this agent back after a
 		// crash (see adopt.go); the token proves it to the agent.
 		inst.token = agentclient.NewToken()

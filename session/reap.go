@@ -107,6 +107,12 @@ func (s *Sandbox) reapIdle(idle time.Duration) {
 		s.mu.Unlock()
 		return
 	}
+	if s.m.shared() != nil && s.handle && inst.conn.Err() != nil {
+		// Another replica took it over (or it was lost): there is
+		// nothing here to save, and its next call here takes it back.
+		s.mu.Unlock()
+		return
+	}
 	// The save runs outside s.mu: a call that comes meanwhile waits for
 	// it, within its own context.
 	lost := fmt.Sprintf("was removed after %s unused (--idle-timeout)", idle.Round(time.Second))

@@ -132,6 +132,12 @@ type Options struct {
 	// the backend's image) make the default template. Their secrets are
 	// names among Secrets. The warm pool holds default sandboxes only.
 	Templates map[string]Template
+	// ReplicaKey, when set with a backend that can share its instances
+	// (SharedBackend: Kubernetes), makes this server one of replicas that
+	// share the cluster and StateDir and serve each other's handles: the
+	// same secret on every replica, never given to a sandbox (see
+	// replicas.go and docs/kubernetes.md).
+	ReplicaKey []byte
 	// Logger receives the manager's logs; nil discards them.
 	Logger *slog.Logger
 }

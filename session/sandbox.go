@@ -14,6 +14,7 @@ import (
 	"github.com/sandbox-mcp/sandbox-mcp/agentproto"
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/policy"
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 	"github.com/sandbox-mcp/sandbox-mcp/snapshot"
 )
 
@@ -163,6 +164,18 @@ func (s *Sandbox) ready(ctx context.Context) (*instance, error) {
 		}
 		return nil, errcode.Errorf(errcode.Unavailable, "the session ended, and its sandbox was removed; start a new session")
 	}
+	if s.handle && s.m.shared() != nil && s.endedElsewhere() {
+		err := s.gone
+		s.mu.Unlock()
+		return nil, err
+	}
+	if s.handle && s.m.shared() != nil && (s.cur == nil || s.cur.conn.Err() != nil) {
+		// Another replica may hold the handle now (it took the agent
+		// over, which cut this server's stream), or have ended it.
+		if inst, err, ok := s.takeBackLocked(ctx); ok {
+			return inst, err
+		}
+	}
 	var old *instance // a container found dead, removed outside s.mu
 	if s.cur != nil {
 		if err := s.cur.conn.Err(); err == nil {
@@ -297,6 +310,10 @@ func (s *Sandbox) failed(inst *instance, err error) error {
 		return s.ended()
 	}
 	if e, ok := errcode.As(err); ok && e.Code == errcode.Unavailable && inst.conn.Err() != nil {
+		if errors.Is(inst.conn.Err(), backend.ErrSuperseded) {
+			return errcode.Errorf(errcode.Unavailable, "another server (replica) took sandbox %s over while this call ran: two calls on one sandbox through two replicas at once cut each other. "+
+				"Its processes and jobs run on (a command this call ran goes on as a job: sandbox_job lists it); call again", s.id)
+		}
 		if inst.reported.Swap(true) {
 			return err
 		}

@@ -47,6 +47,12 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == HubCommand {
+		os.Exit(hub(os.Args[2:]))
+	}
+	if len(os.Args) == 2 && os.Args[1] == AttachCommand {
+		os.Exit(attach())
+	}
 	if len(os.Args) > 1 && os.Args[1] == HoldCommand {
 		hold()
 		return

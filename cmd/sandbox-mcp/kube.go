@@ -46,6 +46,9 @@ type KubeConfig struct {
 	// (--network=allowlist): where it listens, and host:port pods reach.
 	ProxyListen    string
 	ProxyAdvertise string
+	// ReplicaKeyFile holds the key replicas share (a mounted Secret):
+	// with it, any replica serves any handle (docs/kubernetes.md).
+	ReplicaKeyFile string
 }
 
 func (f *flagSet) addKubeFlags(cfg *Config) {
@@ -59,6 +62,7 @@ func (f *flagSet) addKubeFlags(cfg *Config) {
 	fs.StringVar(&k.AgentImage, "agent-image", k.AgentImage, "`image` the agent is copied from into each pod (make k8s-images builds sandbox-mcp-agent:<hash>)")
 	fs.Var(&choice{v: &k.PullPolicy, allowed: []string{"", "Always", "IfNotPresent", "Never"}}, "pull-policy", "image pull `policy` of sandbox pods: Always, IfNotPresent (default) or Never")
 	fs.StringVar(&k.ProxyListen, "proxy-listen", k.ProxyListen, "`host:port` the egress proxy listens on for pods (--backend kubernetes with --network=allowlist)")
+	fs.StringVar(&k.ReplicaKeyFile, "replica-key-file", k.ReplicaKeyFile, "`file` holding the secret key every replica shares (--backend kubernetes, with a state directory they share): any replica then serves any sandbox handle")
 	fs.StringVar(&k.ProxyAdvertise, "proxy-advertise", k.ProxyAdvertise, "`host:port` at which pods reach --proxy-listen (an address on the pod network, e.g. the node's, or the server pod's)")
 }
 
@@ -66,8 +70,8 @@ func (f *flagSet) addKubeFlags(cfg *Config) {
 func (c Config) validateKube() error {
 	k := c.Kube
 	if k.Backend != BackendKubernetes {
-		if k.Namespace != "" || k.AgentImage != "" || k.RuntimeClass != "" || k.SeccompLocalhost != "" {
-			return errors.New("--namespace, --agent-image, --runtime-class and --seccomp-localhost-profile need --backend kubernetes (with Docker, --seccomp-profile takes a profile file)")
+		if k.Namespace != "" || k.AgentImage != "" || k.RuntimeClass != "" || k.SeccompLocalhost != "" || k.ReplicaKeyFile != "" {
+			return errors.New("--namespace, --agent-image, --runtime-class, --seccomp-localhost-profile and --replica-key-file need --backend kubernetes (with Docker, --seccomp-profile takes a profile file)")
 		}
 		return nil
 	}

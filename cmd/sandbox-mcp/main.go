@@ -17,6 +17,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -269,6 +270,17 @@ func newManager(ctx context.Context, cfg Config, log *slog.Logger, auditLog *aud
 		// Replicas share the namespace: each sweeps again once a lease
 		// term, so a dead replica's pods go within two lease terms.
 		opts.SweepEvery = kube.DefaultLeaseDuration
+		if f := cfg.Kube.ReplicaKeyFile; f != "" {
+			key, err := os.ReadFile(f)
+			if err == nil && len(bytes.TrimSpace(key)) < 16 {
+				err = errors.New("the key is shorter than 16 bytes")
+			}
+			if err != nil {
+				release()
+				return nil, nil, fmt.Errorf("--replica-key-file: %w", err)
+			}
+			opts.ReplicaKey = bytes.TrimSpace(key)
+		}
 	}
 	m, err = session.NewManager(ctx, opts)
 	if err != nil {

@@ -33,7 +33,7 @@ var flagGroups = []struct {
 	}},
 	{"Kubernetes", []string{
 		"backend", "kubeconfig", "namespace", "agent-image", "pull-policy", "runtime-class",
-		"seccomp-localhost-profile", "proxy-listen", "proxy-advertise",
+		"seccomp-localhost-profile", "proxy-listen", "proxy-advertise", "replica-key-file",
 	}},
 	{"Diagnostics", []string{"log-level", "audit-log"}},
 }

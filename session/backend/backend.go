@@ -198,6 +198,10 @@ type Detacher interface {
 	Detach()
 }
 
+// ErrSuperseded ends the stream of an instance that another server took
+// over (a Reattach elsewhere): the instance runs on, that server's now.
+var ErrSuperseded = errors.New("another server took the sandbox over")
+
 // ErrGone is Reattach's error for an instance that no longer runs.
 var ErrGone = errors.New("the sandbox's container is gone")
 

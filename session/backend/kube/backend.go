@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/sandbox-mcp/sandbox-mcp/internal/errcode"
 	"github.com/sandbox-mcp/sandbox-mcp/netproxy"
 	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
@@ -126,4 +128,30 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 	}
 	inst.env, inst.revoke = env, revoke
 	return inst, nil
+}
+
+// Reattach takes over the agent of a running sandbox pod, whichever
+// server started it (Cluster.Reattach): backend.Reattacher.
+func (b *Backend) Reattach(ctx context.Context, name string) (backend.Instance, error) {
+	inst, err := b.cfg.Cluster.Reattach(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+// FindSandbox returns a sandbox's running pod, whichever server started
+// it (Cluster.Find).
+func (b *Backend) FindSandbox(ctx context.Context, sandbox string) (string, int, bool, error) {
+	return b.cfg.Cluster.Find(ctx, sandbox)
+}
+
+// RemoveSandbox deletes every pod of a sandbox, whichever server holds it
+// (the sandbox ended through another server).
+func (b *Backend) RemoveSandbox(ctx context.Context, sandbox string) error {
+	c := b.cfg.Cluster
+	zero := int64(0)
+	err := c.cs.CoreV1().Pods(c.cfg.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero},
+		metav1.ListOptions{LabelSelector: LabelManaged + "=1," + LabelRole + "=sandbox," + LabelSandbox + "=" + sandbox})
+	return apiError("delete the pods of sandbox "+sandbox, err)
 }

@@ -92,7 +92,7 @@ type Cluster struct {
 	watchOnce sync.Once
 	watchStop chan struct{}
 	liveMu    sync.Mutex
-	live      map[string]context.CancelFunc // pod name -> ends its stream
+	live      map[string]context.CancelCauseFunc // pod name -> ends its stream
 }
 
 // RESTConfig loads the cluster's client configuration: from kubeconfig if
@@ -380,7 +380,7 @@ func (c *Cluster) Start(ctx context.Context, sandbox string, p Params) (*Instanc
 		}
 		return nil, err
 	}
-	pod, err := c.execAgent(ctx, p.Name, p.UID, p.GID)
+	pod, err := c.execAgent(ctx, p.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -566,11 +566,11 @@ func apiError(what string, err error) error {
 // execAgent starts the agent in the pod's sandbox container over
 // pods/exec (WebSocket, falling back to SPDY) and returns the Instance with the
 // stream's ends.
-func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*Instance, error) {
+func (c *Cluster) execAgent(ctx context.Context, name string) (*Instance, error) {
 	req := c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(c.cfg.Namespace).Name(name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: SandboxContainer,
-			Command:   AgentCommand(uid, gid),
+			Command:   AttachCommand(),
 			Stdin:     true, Stdout: true, Stderr: true,
 		}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(c.rest, "GET", req.URL().String())
@@ -597,11 +597,15 @@ func (c *Cluster) execAgent(ctx context.Context, name string, uid, gid int) (*In
 	}
 	// The stream outlives Start's context: it lives until Remove, or until
 	// the pod watch sees the pod go.
-	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = scancel
+	sctx, scancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	p.cancel = func() { scancel(nil) }
 	c.track(name, scancel)
 	go func() {
 		err := exec.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: inR, Stdout: outW, Stderr: p.stderr})
+		var ee interface{ ExitStatus() int }
+		if errors.As(err, &ee) && ee.ExitStatus() == ExitSuperseded || errors.Is(context.Cause(sctx), backend.ErrSuperseded) {
+			err = backend.ErrSuperseded
+		}
 		if err == nil {
 			err = io.EOF
 		}
@@ -661,3 +665,90 @@ func (w *capWriter) Write(p []byte) (int, error) {
 }
 
 func (w *capWriter) String() string { return string(w.b) }
+
+// Reattach takes over the agent of a running sandbox pod that another
+// server (or this one, earlier) started: the pod is labelled as this
+// server's first (an update that fails if the pod changed meanwhile, so
+// two servers taking it at once do not both win the label), then a new
+// attach takes the agent's stream from the last one. A pod that is gone,
+// ended or being deleted is backend.ErrGone.
+func (c *Cluster) Reattach(ctx context.Context, name string) (*Instance, error) {
+	pods := c.cs.CoreV1().Pods(c.cfg.Namespace)
+	for try := 0; ; try++ {
+		pod, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, backend.ErrGone
+		}
+		if err != nil {
+			return nil, apiError("read sandbox pod "+name, err)
+		}
+		if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Labels[LabelRole] != "sandbox" {
+			return nil, backend.ErrGone
+		}
+		if pod.Labels[LabelInstance] == c.cfg.Instance {
+			break
+		}
+		pod.Labels[LabelInstance] = c.cfg.Instance
+		_, err = pods.Update(ctx, pod, metav1.UpdateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsConflict(err) || try >= 3 {
+			return nil, apiError("label sandbox pod "+name+" as this server's", err)
+		}
+	}
+	return c.execAgent(ctx, name)
+}
+
+// Find returns the name and generation of a sandbox's running pod,
+// whichever server started it; ok is false when it has none (no pod, or
+// only ended or deleted ones).
+func (c *Cluster) Find(ctx context.Context, sandbox string) (name string, gen int, ok bool, err error) {
+	pods, err := c.cs.CoreV1().Pods(c.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: LabelManaged + "=1," + LabelRole + "=sandbox," + LabelSandbox + "=" + sandbox})
+	if err != nil {
+		return "", 0, false, apiError("list the pods of sandbox "+sandbox, err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		g, _ := strconv.Atoi(p.Name[strings.LastIndexByte(p.Name, '-')+1:])
+		if !ok || g > gen {
+			name, gen, ok = p.Name, g, true
+		}
+	}
+	return name, gen, ok, nil
+}
+
+// release deletes the pod if this server still holds it (its instance
+// label is this server's): a pod another server took over is left to
+// that server. The delete is conditioned on the pod as read, so a takeover
+// between the read and the delete wins.
+func (c *Cluster) release(ctx context.Context, name string) error {
+	pods := c.cs.CoreV1().Pods(c.cfg.Namespace)
+	for try := 0; ; try++ {
+		pod, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if pod.Labels[LabelInstance] != c.cfg.Instance {
+			c.log.Info("kube: sandbox pod held by another server; left to it", "pod", name, "holder", pod.Labels[LabelInstance])
+			return nil
+		}
+		zero := int64(0)
+		rv := pod.ResourceVersion
+		err = pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
+			Preconditions: &metav1.Preconditions{UID: &pod.UID, ResourceVersion: &rv}})
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) || try >= 3 {
+			return err
+		}
+	}
+}

@@ -46,9 +46,31 @@ func (p *Instance) Name() string { return p.name }
 // Stdout is the agent's frames. It ends when the exec stream ends.
 func (p *Instance) Stdout() io.Reader { return p.stdout }
 
-// Stdin is the agent's input; closing it ends the agent, which then ends
-// the pod.
-func (p *Instance) Stdin() io.WriteCloser { return p.stdin }
+// Stdin is the agent's input. Closing it ends the agent, and the pod
+// with it, unless another server took the pod over meanwhile (the pod
+// is then that server's): the pod is deleted in the background.
+func (p *Instance) Stdin() io.WriteCloser { return stdinCloser{p} }
+
+type stdinCloser struct{ p *Instance }
+
+func (s stdinCloser) Write(b []byte) (int, error) { return s.p.stdin.Write(b) }
+
+func (s stdinCloser) Close() error {
+	err := s.p.stdin.Close()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.p.c.release(ctx, s.p.name); err != nil {
+			s.p.c.log.Warn("kube: delete sandbox pod after its stream was closed", "pod", s.p.name, "err", err)
+		}
+	}()
+	return err
+}
+
+// WholeFrames reports that the agent's stdin gets whole frames only, even
+// when a server takes it over from another mid-frame (the pod's hub drops
+// the cut frame), so a takeover needs no quiet period.
+func (p *Instance) WholeFrames() bool { return true }
 
 // Done is closed when the agent's stream has ended.
 func (p *Instance) Done() <-chan struct{} { return p.done }
@@ -60,8 +82,9 @@ func (p *Instance) AgentEnv() []string { return p.env }
 // StderrTail is the last lines the agent wrote to its stderr, or "none".
 func (p *Instance) StderrTail() string { return p.stderr.tail() }
 
-// Remove ends the stream and deletes the pod, waits for the stream to end,
-// and gives the proxy credential back. Safe to call more than once and
+// Remove ends the stream and deletes the pod (unless another server took
+// it over: then the pod is that server's and stays), waits for the stream
+// to end, and gives the proxy credential back. Safe to call more than once and
 // concurrently.
 func (p *Instance) Remove(ctx context.Context) error {
 	p.removeMu.Lock()
@@ -69,7 +92,7 @@ func (p *Instance) Remove(ctx context.Context) error {
 		p.removed = make(chan struct{})
 		p.removeMu.Unlock()
 		p.stdin.Close()
-		p.removeErr = p.c.deletePod(ctx, p.name)
+		p.removeErr = p.c.release(ctx, p.name)
 		// The pod's deletion ends the exec; cancel in case the API server
 		// is not reachable any more.
 		select {

@@ -189,7 +189,7 @@ func Pod(p Params) *corev1.Pod {
 				Name:            SandboxContainer,
 				Image:           p.Image,
 				ImagePullPolicy: pull,
-				Command:         []string{AgentPath, "hold"},
+				Command:         HubCommand(p.UID, p.GID),
 				WorkingDir:      WorkspaceDir,
 				Env:             envVars(p.Env),
 				SecurityContext: sc(),
@@ -220,11 +220,23 @@ func Pod(p Params) *corev1.Pod {
 	return pod
 }
 
-// AgentCommand is the command the server execs in the sandbox container to
-// run the agent: as the pod's user, unprivileged, ending the pod with it.
-func AgentCommand(uid, gid int) []string {
-	return []string{AgentPath, fmt.Sprintf("-user=%d:%d", uid, gid), "-unprivileged", "-stop-init"}
+// HubCommand is the sandbox container's main process: the agent's hub
+// (sandbox-agent hub), which runs the agent as the pod's user,
+// unprivileged, ends the pod with it, and lends the agent's stream to one
+// attach at a time (AttachCommand), so that any server can take the
+// sandbox over.
+func HubCommand(uid, gid int) []string {
+	return []string{AgentPath, "hub", fmt.Sprintf("-user=%d:%d", uid, gid), "-unprivileged"}
 }
+
+// AttachCommand is what the server execs in the sandbox container to reach
+// the agent: its stdin and stdout are the agent's protocol stream. A newer
+// attach supersedes it (it then exits with ExitSuperseded).
+func AttachCommand() []string { return []string{AgentPath, "attach"} }
+
+// ExitSuperseded is an attach's exit code when a newer one took the
+// agent's stream (sandbox-agent's ExitSuperseded).
+const ExitSuperseded = 3
 
 // envVars turns NAME=VALUE pairs into the pod's env list, in order.
 func envVars(env []string) []corev1.EnvVar {

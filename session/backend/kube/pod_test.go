@@ -149,7 +149,7 @@ func TestPodFields(t *testing.T) {
 	if sb.Name != SandboxContainer || sb.Image != "img:1" || sb.ImagePullPolicy != corev1.PullNever {
 		t.Errorf("sandbox container %s image %s pull %s", sb.Name, sb.Image, sb.ImagePullPolicy)
 	}
-	if !slices.Equal(sb.Command, []string{AgentPath, "hold"}) || sb.WorkingDir != WorkspaceDir {
+	if !slices.Equal(sb.Command, []string{AgentPath, "hub", "-user=1000:1000", "-unprivileged"}) || sb.WorkingDir != WorkspaceDir {
 		t.Errorf("sandbox command %q in %s", sb.Command, sb.WorkingDir)
 	}
 	if got := sb.Resources.Limits.Memory().Value(); got != 512<<20 {
@@ -215,7 +215,7 @@ func TestPodFields(t *testing.T) {
 			t.Error("ReadOnly does not mount the workspace read-only")
 		}
 	}
-	if got := AgentCommand(1000, 1001); !slices.Equal(got, []string{AgentPath, "-user=1000:1001", "-unprivileged", "-stop-init"}) {
+	if got := HubCommand(1000, 1001); !slices.Equal(got, []string{AgentPath, "hub", "-user=1000:1001", "-unprivileged"}) {
 		t.Errorf("agent command %q", got)
 	}
 }

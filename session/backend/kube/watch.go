@@ -7,16 +7,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sandbox-mcp/sandbox-mcp/session/backend"
 )
 
 // track registers a pod's stream with the pod watch (started at the first
 // pod), so that the stream ends when the pod goes.
-func (c *Cluster) track(name string, end context.CancelFunc) {
+func (c *Cluster) track(name string, end context.CancelCauseFunc) {
 	c.watchOnce.Do(c.startWatch)
 	c.liveMu.Lock()
 	defer c.liveMu.Unlock()
 	if c.live == nil {
-		c.live = map[string]context.CancelFunc{}
+		c.live = map[string]context.CancelCauseFunc{}
 	}
 	c.live[name] = end
 }
@@ -43,10 +45,18 @@ func (c *Cluster) gone(obj any) {
 	c.liveMu.Lock()
 	end := c.live[p.Name]
 	c.liveMu.Unlock()
-	if end != nil {
-		c.log.Info("kube: sandbox pod went away; ending its stream", "pod", p.Name, "phase", p.Status.Phase)
-		end()
+	if end == nil {
+		return
 	}
+	if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Labels[LabelInstance] != c.cfg.Instance {
+		// It left this server's pods by its label: another server took
+		// it over (Reattach), and it runs on.
+		c.log.Info("kube: another server took the sandbox pod over; ending this server's stream", "pod", p.Name, "holder", p.Labels[LabelInstance])
+		end(backend.ErrSuperseded)
+		return
+	}
+	c.log.Info("kube: sandbox pod went away; ending its stream", "pod", p.Name, "phase", p.Status.Phase)
+	end(nil)
 }
 
 // startWatch runs one informer on this server's sandbox pods until Close:
