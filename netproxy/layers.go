@@ -159,6 +159,23 @@ func (p *Proxy) Allowed(sandbox string) Layers {
 	return out
 }
 
+// Granted decides, for a sandbox, a host:port that is on none of its
+// lists and not approved for it: a grant the proxy does not keep itself
+// (a person's approval for every sandbox of one caller, for a while). It
+// returns the rule that admits it, for the log. It is consulted only after
+// narrowing (which wins) and the sandbox's own lists, with no lock of the
+// proxy held, and the address checks apply to what it admits as to every
+// request.
+type Granted func(sandbox, host string, port int) (rule string, ok bool)
+
+// SetGranted sets the proxy's Granted (nil: none). Set it before the
+// first Serve or Grant.
+func (p *Proxy) SetGranted(g Granted) {
+	p.mu.Lock()
+	p.granted = g
+	p.mu.Unlock()
+}
+
 // Forget drops a sandbox's layers, when it has ended for good.
 func (p *Proxy) Forget(sandbox string) {
 	p.mu.Lock()
@@ -173,13 +190,17 @@ func (p *Proxy) Forget(sandbox string) {
 func (p *Proxy) match(sandbox, h string, port int) (rule string, ref *refusal, unlisted bool) {
 	hostport := quote(h + ":" + strconv.Itoa(port))
 	l := p.layerOf(sandbox, false)
+	approved := false
 	if l != nil {
 		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.offline {
+		offline := l.offline
+		e, dropped := l.dropped.Match(h, port)
+		approved = slices.Contains(l.approved, h+":"+strconv.Itoa(port))
+		l.mu.Unlock()
+		if offline {
 			return "", &refusal{http.StatusForbidden, fmt.Sprintf("%s: this sandbox went offline for the rest of its life; nothing can be reached from it", hostport)}, false
 		}
-		if e, ok := l.dropped.Match(h, port); ok {
+		if dropped {
 			return "", &refusal{http.StatusForbidden, fmt.Sprintf("%s: this sandbox dropped %s from its allowed hosts for the rest of its life", hostport, e)}, false
 		}
 	}
@@ -187,9 +208,15 @@ func (p *Proxy) match(sandbox, h string, port int) (rule string, ref *refusal, u
 	if rule, ok := base.Match(h, port); ok {
 		return rule, nil, false
 	}
-	if l != nil {
-		if e := h + ":" + strconv.Itoa(port); slices.Contains(l.approved, e) {
-			return e + " (approved for this sandbox)", nil, false
+	if approved {
+		return h + ":" + strconv.Itoa(port) + " (approved for this sandbox)", nil, false
+	}
+	p.mu.Lock()
+	granted := p.granted
+	p.mu.Unlock()
+	if granted != nil {
+		if rule, ok := granted(sandbox, h, port); ok {
+			return rule, nil, false
 		}
 	}
 	reason := fmt.Sprintf("%s is not on this server's --allow-host list; use an allowed host, or ask the operator to add it", hostport)

@@ -192,3 +192,35 @@ func TestLayersBounded(t *testing.T) {
 		t.Error("drops past MaxDropped = nil, want an error")
 	}
 }
+
+// Granted admits what it grants for the sandbox it names, after the
+// sandbox's lists; narrowing still wins, and the address checks still
+// apply to what it admits.
+func TestGrantedAfterListsBeforeRefusal(t *testing.T) {
+	echoSrv := startServer(t, "tcp4", "127.0.0.1:0", echo)
+	h := newHarness(t, Config{AllowPrivate: true})
+	h.dialer.target = echoSrv.addr()
+	h.res.setAddrs("pypi.org", "127.0.0.1")
+	h.p.SetGranted(func(sandbox, host string, port int) (string, bool) {
+		return "granted", sandbox == "sandbox-1" && host == "pypi.org" && port == 443
+	})
+	other := h.serve("sandbox-2")
+	resp, body, c := h.connect("pypi.org:443")
+	if resp.StatusCode != 200 {
+		t.Fatalf("granted: %d %q, want 200", resp.StatusCode, body)
+	}
+	expectEcho(t, c, "hello")
+	c.Close()
+	if d := h.decisionList(); len(d) == 0 || d[len(d)-1].Rule != "granted" {
+		t.Errorf("decisions = %+v, want the last allowed by the grant", d)
+	}
+	if resp, _, _ := roundTrip(t, other, connectReq("pypi.org:443")); resp.StatusCode != 403 {
+		t.Errorf("sandbox-2: %d, want 403", resp.StatusCode)
+	}
+	if err := h.p.Narrow("sandbox-1", []string{"pypi.org"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body, _ := h.connect("pypi.org:443"); resp.StatusCode != 403 || !strings.Contains(body, "dropped") {
+		t.Errorf("after the drop: %d %q, want 403", resp.StatusCode, body)
+	}
+}

@@ -252,6 +252,7 @@ type Proxy struct {
 	tokens    map[[32]byte]*sandboxState // granted credentials (Grant), by token hash
 	anon      *sandboxState              // refusals of requests with no known credential
 	layers    map[string]*layer          // approved and narrowed hosts, by sandbox id, until Forget
+	granted   Granted                    // grants kept outside the proxy (SetGranted); nil: none
 
 	secrets *secretSet // nil without Config.Secrets
 	shapes  shapes     // sandboxes' own allowlists and secrets (SetShape)

@@ -83,12 +83,15 @@ const (
 	// MaxNetworkApprovalWait the most it may be set to.
 	DefaultNetworkApprovalWait = 2 * time.Minute
 	MaxNetworkApprovalWait     = 10 * time.Minute
-	DefaultMaxImagePixels      = 40_000_000
-	DefaultMemory              = 1 << 30
-	DefaultCPUs                = 1.0
-	DefaultPids                = 256
-	DefaultMaxExecs            = 8
-	DefaultListEntries         = 200
+	// CallerApprovalTTL is how long a person's answer "allow for this
+	// caller's sandboxes" lasts (--network-approval-caller-scope).
+	CallerApprovalTTL     = time.Hour
+	DefaultMaxImagePixels = 40_000_000
+	DefaultMemory         = 1 << 30
+	DefaultCPUs           = 1.0
+	DefaultPids           = 256
+	DefaultMaxExecs       = 8
+	DefaultListEntries    = 200
 	// DefaultMaxInflightBytes and DefaultMaxSessionInflightBytes bound the
 	// memory the server holds for tool calls in flight (see cost.go).
 	DefaultMaxInflightBytes        = 1 << 30
@@ -152,6 +155,11 @@ type Policy struct {
 	// person's answer (--network-approval-wait).
 	NetworkApproval     []string      `json:"network_approval,omitempty"`
 	NetworkApprovalWait time.Duration `json:"-"`
+	// NetworkApprovalCallerScope is --network-approval-caller-scope: the
+	// question offers the person a third answer, allow the host for
+	// every sandbox of the same caller whose policy lets a person approve
+	// it, for CallerApprovalTTL.
+	NetworkApprovalCallerScope bool `json:"network_approval_caller_scope,omitempty"`
 
 	// MaxInflightBytes bounds the memory the server holds for the file,
 	// list, snapshot and resource calls in flight, and for large call
@@ -269,6 +277,9 @@ func (p Policy) Validate() error {
 		if p.NetworkApprovalWait < time.Second || p.NetworkApprovalWait > MaxNetworkApprovalWait {
 			bad("--network-approval-wait must be between 1s and %s", MaxNetworkApprovalWait)
 		}
+	}
+	if p.NetworkApprovalCallerScope && len(p.NetworkApproval) == 0 {
+		bad("--network-approval-caller-scope needs --network-approval: it widens a person's answer about the hosts those patterns admit")
 	}
 	return errors.Join(errs...)
 }

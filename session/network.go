@@ -8,8 +8,13 @@ import (
 )
 
 // NetworkLayers is a sandbox's live allowlist: the base list, the hosts a
-// person approved for it and what it dropped (see netproxy.Layers).
-type NetworkLayers = netproxy.Layers
+// person approved for it and what it dropped (see netproxy.Layers), and
+// the hosts a person allowed for all its caller's sandboxes that apply to
+// it ("host:port until RFC3339"; grants.go).
+type NetworkLayers struct {
+	netproxy.Layers
+	CallerApproved []string
+}
 
 // errNoProxy is the error of a network change on a server without the
 // egress proxy (--network none or open).
@@ -55,5 +60,5 @@ func (s *Sandbox) NetworkLayers() (l NetworkLayers, ok bool) {
 	if s.m.proxy == nil {
 		return l, false
 	}
-	return s.m.proxy.Allowed(s.id), true
+	return NetworkLayers{Layers: s.m.proxy.Allowed(s.id), CallerApproved: s.CallerApprovals()}, true
 }

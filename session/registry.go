@@ -166,6 +166,10 @@ type Manager struct {
 	// (adopt.go); nil without Options.Slot.
 	records *Records
 
+	// grants are what a person allowed for all of a caller's sandboxes
+	// for a while (grants.go).
+	grants callerGrants
+
 	mu     sync.Mutex
 	byKey  map[string]*Sandbox
 	byID   map[string]*Sandbox
@@ -279,6 +283,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		removals:  removals{ended: make(chan struct{})},
 		byKey:     make(map[string]*Sandbox),
 		byID:      make(map[string]*Sandbox),
+	}
+	if proxy != nil {
+		proxy.SetGranted(m.granted)
 	}
 	if err := m.adopt(); err != nil {
 		cancel()

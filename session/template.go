@@ -52,7 +52,9 @@ type Template struct {
 	// Derived by NewManager.
 	isDefault bool
 	allow     *netproxy.Allowlist // nil without the allowlist network
-	pmEnv     []string            // package managers' settings (packageManagerEnv)
+	// approvable are Policy.NetworkApproval parsed (nil: none).
+	approvable *netproxy.Allowlist
+	pmEnv      []string // package managers' settings (packageManagerEnv)
 }
 
 // networked reports whether the template's sandboxes get the egress proxy.
@@ -65,7 +67,21 @@ func defaultTemplate(opts Options, allow *netproxy.Allowlist) *Template {
 		t.Secrets = append(t.Secrets, s.Name)
 	}
 	t.pmEnv = packageManagerEnv(allow)
+	t.approvable = parseApprovable(t.Policy)
 	return t
+}
+
+// parseApprovable parses the hosts a person may approve (nil: none, or no
+// egress proxy); the options were checked before.
+func parseApprovable(p policy.Policy) *netproxy.Allowlist {
+	if p.Network != policy.NetworkAllowlist || len(p.NetworkApproval) == 0 {
+		return nil
+	}
+	a, err := netproxy.ParseAllowlist(p.NetworkApproval)
+	if err != nil {
+		return nil
+	}
+	return a
 }
 
 // checkTemplates checks the named templates against the options and
@@ -97,6 +113,13 @@ func checkTemplates(opts Options) (map[string]*Template, error) {
 				continue
 			}
 			t.allow = a
+			if t.approvable, err = netproxy.ParseAllowlist(t.Policy.NetworkApproval); err != nil {
+				errs = append(errs, fmt.Errorf("session: template %s: network approval: %w", name, err))
+				continue
+			}
+			if len(t.Policy.NetworkApproval) == 0 {
+				t.approvable = nil
+			}
 		} else if len(t.Secrets) > 0 {
 			errs = append(errs, fmt.Errorf("session: template %s: secrets are put into requests by the egress proxy, which only the allowlist network has", name))
 		}

@@ -29,6 +29,7 @@ import (
 // allowlist; a sandbox without it (a test's) is never asked about.
 type networkSandbox interface {
 	ApproveHost(host string, port int) error
+	ApproveHostForCaller(host string, port int) (time.Time, error)
 	NarrowNetwork(drop []string, offline bool) error
 	NetworkLayers() (session.NetworkLayers, bool)
 }
@@ -48,12 +49,15 @@ const (
 // Answers to an approval question, as the audit log and the hints name
 // them.
 const (
-	AnswerApproved  = "approved"  // the person chose allow
-	AnswerDenied    = "denied"    // the person chose deny
-	AnswerDeclined  = "declined"  // the person declined the form
-	AnswerCancelled = "cancelled" // the person dismissed it
-	AnswerTimeout   = "timeout"   // no answer within --network-approval-wait
-	AnswerFailed    = "failed"    // the client failed to ask, or the approval failed
+	AnswerApproved = "approved" // the person chose allow
+	// AnswerApprovedCaller: the person chose allow for all the caller's
+	// sandboxes, for an hour (--network-approval-caller-scope).
+	AnswerApprovedCaller = "approved_for_caller"
+	AnswerDenied         = "denied"    // the person chose deny
+	AnswerDeclined       = "declined"  // the person declined the form
+	AnswerCancelled      = "cancelled" // the person dismissed it
+	AnswerTimeout        = "timeout"   // no answer within --network-approval-wait
+	AnswerFailed         = "failed"    // the client failed to ask, or the approval failed
 )
 
 // ApprovalRecord is one question to a person, or its answer, for the audit
@@ -192,6 +196,13 @@ func (d *Deps) askApprovals(ctx context.Context, c *call, sb Sandbox, refused []
 	return out
 }
 
+// Decisions of the approval form.
+const (
+	decisionAllow       = "allow"
+	decisionDeny        = "deny"
+	decisionAllowCaller = "allow-all-my-sandboxes-1h"
+)
+
 // approvalSchema is the form the person answers: allow or deny.
 var approvalSchema = map[string]any{
 	"type": "object",
@@ -201,6 +212,22 @@ var approvalSchema = map[string]any{
 			"title":       "Allow this host for this sandbox?",
 			"enum":        []string{"allow", "deny"},
 			"description": "allow: the sandbox may reach this host and port from now until it ends; deny: it stays refused.",
+		},
+	},
+	"required": []string{"decision"},
+}
+
+// approvalSchemaCaller is the form with the third answer the operator
+// permits (--network-approval-caller-scope).
+var approvalSchemaCaller = map[string]any{
+	"type": "object",
+	"properties": map[string]any{
+		"decision": map[string]any{
+			"type":  "string",
+			"title": "Allow this host for this sandbox?",
+			"enum":  []string{decisionAllow, decisionAllowCaller, decisionDeny},
+			"description": "allow: this sandbox may reach this host and port from now until it ends; " +
+				decisionAllowCaller + ": every sandbox of the same caller may reach it for the next hour; deny: it stays refused.",
 		},
 	},
 	"required": []string{"decision"},
@@ -249,7 +276,12 @@ func (d *Deps) ask(ctx context.Context, c *call, sb Sandbox, q question) approva
 }
 
 func (d *Deps) questionParams(sb Sandbox, q question) *mcp.ElicitParams {
-	return &mcp.ElicitParams{Mode: "form", Message: approvalQuestion(sb.ID(), q.host, q.port, q.pattern), RequestedSchema: approvalSchema}
+	msg, schema := approvalQuestion(sb.ID(), q.host, q.port, q.pattern), approvalSchema
+	if d.Policy.NetworkApprovalCallerScope {
+		msg += fmt.Sprintf(" (Or allow it for every sandbox of this caller for the next %s: %s.)", policy.CallerApprovalTTL, decisionAllowCaller)
+		schema = approvalSchemaCaller
+	}
+	return &mcp.ElicitParams{Mode: "form", Message: msg, RequestedSchema: schema}
 }
 
 // settle acts on the person's answer res (nil: none came).
@@ -257,11 +289,17 @@ func (d *Deps) settle(sb Sandbox, q question, res *mcp.ElicitResult) approval {
 	switch {
 	case res == nil:
 		return approval{answer: AnswerCancelled, detail: "the client sent no answer"}
-	case res.Action == "accept" && res.Content["decision"] == "allow":
+	case res.Action == "accept" && res.Content["decision"] == decisionAllow:
 		if err := sb.(networkSandbox).ApproveHost(q.host, q.port); err != nil {
 			return approval{answer: AnswerFailed, detail: "the person allowed it, but " + err.Error()}
 		}
 		return approval{answer: AnswerApproved}
+	case res.Action == "accept" && res.Content["decision"] == decisionAllowCaller && d.Policy.NetworkApprovalCallerScope:
+		until, err := sb.(networkSandbox).ApproveHostForCaller(q.host, q.port)
+		if err != nil {
+			return approval{answer: AnswerFailed, detail: "the person allowed it for all the caller's sandboxes, but " + err.Error()}
+		}
+		return approval{answer: AnswerApprovedCaller, detail: "until " + until.UTC().Format(time.RFC3339)}
 	case res.Action == "accept":
 		return approval{answer: AnswerDenied}
 	case res.Action == "decline":
@@ -297,6 +335,8 @@ func approvalSentence(p policy.Policy, host string, port int, a approval) string
 	switch a.answer {
 	case AnswerApproved:
 		return "a person approved " + hp + " for this sandbox just now: run the command again"
+	case AnswerApprovedCaller:
+		return "a person approved " + hp + " for all this caller's sandboxes just now, " + a.detail + ": run the command again"
 	case AnswerDenied:
 		return "a person was asked and denied " + hp + " for this sandbox; it stays refused (only the server's operator can allow it)"
 	case AnswerDeclined:

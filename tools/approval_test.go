@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -28,6 +29,9 @@ func (s *netFake) ApproveHost(host string, port int) error {
 	defer s.mu.Unlock()
 	s.approved = append(s.approved, hostPort(host, port))
 	return nil
+}
+func (s *netFake) ApproveHostForCaller(host string, port int) (time.Time, error) {
+	return time.Time{}, errors.New("netFake: no caller scope")
 }
 func (s *netFake) NarrowNetwork(drop []string, offline bool) error { return nil }
 func (s *netFake) NetworkLayers() (session.NetworkLayers, bool) {

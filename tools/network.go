@@ -98,7 +98,7 @@ func networkNotes(p policy.Policy, refused []session.NetworkRefusal, answers map
 			then := approvalSentence(p, r.Host, r.Port, a)
 			nd.Reason += "; " + then
 			sentence += "; " + then
-			if a.answer == AnswerApproved {
+			if a.answer == AnswerApproved || a.answer == AnswerApprovedCaller {
 				nd.Approved = true
 			}
 		} else if strings.Contains(r.Reason, "--allow-host") {

@@ -32,9 +32,12 @@ type NetworkOut struct {
 	Sandbox  string   `json:"sandbox"`
 	Base     []string `json:"base" jsonschema:"The hosts the server allows every sandbox."`
 	Approved []string `json:"approved" jsonschema:"Hosts a person approved for this sandbox."`
-	Dropped  []string `json:"dropped" jsonschema:"Hosts this sandbox dropped; refused whatever else allows them."`
-	Offline  bool     `json:"offline" jsonschema:"True when the sandbox went offline: it reaches nothing."`
-	Hint     string   `json:"hint,omitempty"`
+	// CallerApproved are hosts a person allowed for all this caller's
+	// sandboxes for an hour, as "host:port until <time>".
+	CallerApproved []string `json:"caller_approved,omitempty" jsonschema:"Hosts a person approved for all this caller's sandboxes, each until a time."`
+	Dropped        []string `json:"dropped" jsonschema:"Hosts this sandbox dropped; refused whatever else allows them."`
+	Offline        bool     `json:"offline" jsonschema:"True when the sandbox went offline: it reaches nothing."`
+	Hint           string   `json:"hint,omitempty"`
 }
 
 func networkDef() *mcp.Tool {
@@ -79,6 +82,7 @@ func (d *Deps) network(ctx context.Context, c *call, sb Sandbox, in NetworkIn) (
 		return nil, out, errcode.Errorf(errcode.InvalidArgument, "this server's sandboxes have no egress proxy (--network is not allowlist), so there are no allowed hosts to change")
 	}
 	out.Base, out.Approved, out.Dropped, out.Offline = l.Base, l.Approved, l.Dropped, l.Offline
+	out.CallerApproved = l.CallerApproved
 	switch {
 	case out.Offline:
 		out.Hint = "This sandbox is offline for the rest of its life: every host is refused"

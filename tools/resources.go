@@ -104,7 +104,7 @@ func registerResources(s *mcp.Server, d *Deps) {
 		if sb, ok := d.Sessions.existing(req.Session); ok {
 			if nsb, ok := sb.(networkSandbox); ok {
 				if l, ok := nsb.NetworkLayers(); ok {
-					view.SandboxNetwork = &NetworkOut{Sandbox: sb.ID(), Base: l.Base, Approved: l.Approved, Dropped: l.Dropped, Offline: l.Offline}
+					view.SandboxNetwork = &NetworkOut{Sandbox: sb.ID(), Base: l.Base, Approved: l.Approved, CallerApproved: l.CallerApproved, Dropped: l.Dropped, Offline: l.Offline}
 				}
 			}
 		}

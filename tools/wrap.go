@@ -171,6 +171,12 @@ func (d *Deps) forCall(c *call, target string) *Deps {
 	}
 	td := *d
 	td.Policy = ts.Policy()
+	// The hosts a person may approve are the template's own
+	// (its "network-approval"; none without its egress proxy).
+	td.approvableHosts = nil
+	if td.Policy.Network == policy.NetworkAllowlist {
+		td.approvableHosts = parseApprovable(td.Policy.NetworkApproval)
+	}
 	return &td
 }
 

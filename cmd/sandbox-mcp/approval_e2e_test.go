@@ -311,3 +311,109 @@ func TestApprovalOverHTTPSessionless(t *testing.T) {
 	}
 	checkApproved(t, s, a, target, audit)
 }
+
+// connectIn is connectThrough in the named sandbox.
+func connectIn(s *server, sandbox, target string) map[string]any {
+	script := fmt.Sprintf(`p=${HTTPS_PROXY#http://}; auth=$(printf %%s "${p%%@*}" | base64); p=${p#*@}; printf 'CONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\nProxy-Authorization: Basic %%s\r\n\r\n' "$auth" | nc -w 2 ${p%%:*} ${p##*:} | head -1`, target)
+	return s.ok("sandbox_exec", map[string]any{"sandbox": sandbox, "argv": []string{"sh", "-c", script}})
+}
+
+// TestApprovalPerTemplate: the config file's templates set
+// "network-approval" each: a sandbox of the template that lets a person
+// approve the host asks and is allowed; one of a template without
+// approval (and the default, which has none) is refused without a
+// question.
+func TestApprovalPerTemplate(t *testing.T) {
+	name, port := approvalUpstream(t)
+	target := fmt.Sprintf("%s:%d", name, port)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(`{"templates": {
+		"ask": {"network-approval": [%q]},
+		"plain": {"memory": "256MiB"}}}`, target)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := &answerer{action: "accept", decision: "allow"}
+	s := startServer(t, serverOpts{protocol: "2025-11-25", elicit: a.handle, args: []string{"--config", file,
+		"--network", "allowlist", "--allow-host", "allowed.example:443", "--allow-private-networks"}})
+	plain := s.ok("sandbox_create", map[string]any{"template": "plain"})["sandbox"].(string)
+	if out := connectIn(s, plain, target); !strings.Contains(out["stdout"].(string), "403") || a.asked.Load() != 0 ||
+		!strings.Contains(out["hint"].(string), "only the server's operator can allow another host") {
+		t.Fatalf("a sandbox of a template without approval (asked %d): %v", a.asked.Load(), out)
+	}
+	if out := connectThrough(s, target); !strings.Contains(out["stdout"].(string), "403") || a.asked.Load() != 0 {
+		t.Fatalf("the default sandbox, without approval (asked %d): %v", a.asked.Load(), out)
+	}
+	ask := s.ok("sandbox_create", map[string]any{"template": "ask"})["sandbox"].(string)
+	out := connectIn(s, ask, target)
+	if !strings.Contains(out["stdout"].(string), "403") || firstDenied(t, out)["approved"] != true || a.asked.Load() != 1 {
+		t.Fatalf("a sandbox of the template with approval (asked %d): %v", a.asked.Load(), out)
+	}
+	if out := connectIn(s, ask, target); !strings.Contains(out["stdout"].(string), "200") {
+		t.Fatalf("after the approval: %v", out)
+	}
+	// The approval was for that sandbox only.
+	if out := connectIn(s, plain, target); !strings.Contains(out["stdout"].(string), "403") || a.asked.Load() != 1 {
+		t.Fatalf("the other template's sandbox after the approval: %v", out)
+	}
+}
+
+// TestApprovalCallerScope: with --network-approval-caller-scope the
+// person answers "allow for all my sandboxes for an hour" in one handle
+// sandbox of caller A: A's other handle sandbox reaches the host at once,
+// unasked; caller B's sandbox is still refused and B is asked on its own.
+func TestApprovalCallerScope(t *testing.T) {
+	name, port := approvalUpstream(t)
+	target := fmt.Sprintf("%s:%d", name, port)
+	audit := filepath.Join(t.TempDir(), "audit.jsonl")
+	h := startHTTP(t, httpOpts{args: approvalArgs(target, audit, "--network-approval-caller-scope"),
+		env: []string{"SANDBOX_MCP_TOKEN=" + tokenA + "," + tokenB}})
+	aa := &answerer{action: "accept", decision: "allow-all-my-sandboxes-1h"}
+	a, err := h.tryConnectWith(tokenA, "2025-11-25", aa.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ba := &answerer{action: "accept", decision: "deny"}
+	b, err := h.tryConnectWith(tokenB, "2025-11-25", ba.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := a.ok("sandbox_create", map[string]any{"label": "one"})["sandbox"].(string)
+	two := a.ok("sandbox_create", map[string]any{"label": "two"})["sandbox"].(string)
+	out := connectIn(a, one, target)
+	if !strings.Contains(out["stdout"].(string), "403") || firstDenied(t, out)["approved"] != true ||
+		!strings.Contains(out["hint"].(string), "for all this caller's sandboxes just now, until ") {
+		t.Fatalf("the answer for all the caller's sandboxes: %v", out)
+	}
+	if msg, _ := aa.message.Load().(string); !strings.Contains(msg, "allow-all-my-sandboxes-1h") {
+		t.Fatalf("the question does not offer the third answer: %q", msg)
+	}
+	for _, sb := range []string{one, two} {
+		if out := connectIn(a, sb, target); !strings.Contains(out["stdout"].(string), "200") {
+			t.Fatalf("caller A's sandbox %s after the grant: %v", sb, out)
+		}
+	}
+	if aa.asked.Load() != 1 {
+		t.Errorf("A was asked %d times, want 1", aa.asked.Load())
+	}
+	live := a.ok("sandbox_network", map[string]any{"sandbox": two})
+	if fmt.Sprint(live["caller_approved"]) == "[]" || !strings.Contains(fmt.Sprint(live["caller_approved"]), target+" until ") {
+		t.Errorf("sandbox_network of A's other sandbox: %v", live)
+	}
+	// Caller B: refused, asked, denied, still refused.
+	bsb := b.ok("sandbox_create", map[string]any{})["sandbox"].(string)
+	for range 2 {
+		if out := connectIn(b, bsb, target); !strings.Contains(out["stdout"].(string), "403") {
+			t.Fatalf("caller B's sandbox: %v", out)
+		}
+	}
+	if ba.asked.Load() != 1 {
+		t.Errorf("B was asked %d times, want 1", ba.asked.Load())
+	}
+	a.cs.Close()
+	b.cs.Close()
+	recs := approvalAudit(t, audit)
+	if len(recs) < 2 || recs[1]["answer"] != "approved_for_caller" || !strings.Contains(fmt.Sprint(recs[1]["detail"]), "until ") {
+		t.Fatalf("audit records: %v", recs)
+	}
+}

@@ -145,6 +145,7 @@ func newFlagSet(cfg *Config, getenv func(string) string) *flagSet {
 	fs.Var(&choice{v: (*string)(&p.Network), allowed: []string{"none", "allowlist"}}, "network", "`mode`: none (no network at all) or allowlist (an internal network whose only way out is the egress proxy)")
 	fs.Var(&listValue{v: &p.AllowHosts, f: f}, "allow-host", "comma `list` (repeatable) of host[:port] or *.domain[:port] the proxy admits (port default 443)")
 	fs.Var(&listValue{v: &p.NetworkApproval, f: f}, "network-approval", "comma `list` (repeatable) of host[:port] or *.domain[:port] a person may approve for one sandbox when the proxy refuses it during a call (MCP elicitation; off when empty)")
+	fs.BoolVar(&p.NetworkApprovalCallerScope, "network-approval-caller-scope", p.NetworkApprovalCallerScope, "let the person answering an approval question allow the host for every sandbox of the same caller for an hour, not only the one that asked (within each sandbox's --network-approval patterns)")
 	fs.DurationVar(&p.NetworkApprovalWait, "network-approval-wait", p.NetworkApprovalWait, "longest a call waits for a person's answer to an approval question; no answer is a refusal")
 	fs.BoolVar(&p.AllowPrivateNetworks, "allow-private-networks", p.AllowPrivateNetworks, "let allowed names resolve to private, loopback and CGNAT addresses (tests, intranets)")
 	fs.Var(prefixValue{&cfg.NetworkPool}, "network-pool", "IPv4 `prefix` sandbox networks take their /29 subnets from")

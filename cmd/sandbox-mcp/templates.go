@@ -27,7 +27,7 @@ const TemplatesKey = "templates"
 // server's: a template cannot set it.
 var templateKeys = []string{
 	"image", "memory", "cpus", "pids", "max-workspace-bytes",
-	"network", "allow-host", "secret", "env", "workspace-from", "read-only",
+	"network", "allow-host", "network-approval", "network-approval-caller-scope", "secret", "env", "workspace-from", "read-only",
 	"exec", "allow-cmd",
 }
 
@@ -103,6 +103,7 @@ func parseTemplate(cfg Config, name string, raw json.RawMessage, getenv func(str
 	tc := Config{Policy: cfg.Policy, Image: cfg.Image, WorkspaceFrom: cfg.WorkspaceFrom}
 	tc.Policy.AllowCmds = slices.Clone(cfg.Policy.AllowCmds)
 	tc.Policy.AllowHosts = slices.Clone(cfg.Policy.AllowHosts)
+	tc.Policy.NetworkApproval = slices.Clone(cfg.Policy.NetworkApproval)
 	f := newFlagSet(&tc, getenv)
 	f.source = 1
 	f.env.resolved = slices.Clone(cfg.Env)
@@ -115,6 +116,11 @@ func parseTemplate(cfg Config, name string, raw json.RawMessage, getenv func(str
 			continue
 		}
 		vals := configValues(m[k])
+		if k == "network-approval" {
+			// Its own patterns replace the default's; [] or "" turns
+			// approval off for the template.
+			tc.Policy.NetworkApproval = nil
+		}
 		if k == "secret" {
 			secretsSet = true
 			for _, v := range vals {
@@ -140,6 +146,15 @@ func parseTemplate(cfg Config, name string, raw json.RawMessage, getenv func(str
 	if !networked && !slices.Contains(keys, "allow-host") {
 		// The default's hosts go with its network.
 		t.Policy.AllowHosts, t.Policy.AllowPrivateNetworks = nil, false
+	}
+	if !networked && !slices.Contains(keys, "network-approval") {
+		// So do the hosts a person may approve: without the egress
+		// proxy there is nothing to approve at.
+		t.Policy.NetworkApproval = nil
+	}
+	if len(t.Policy.NetworkApproval) == 0 && !slices.Contains(keys, "network-approval-caller-scope") {
+		// The default's caller scope goes with its patterns.
+		t.Policy.NetworkApprovalCallerScope = false
 	}
 	if !secretsSet && networked {
 		// Inherited with the network; a template without network holds
@@ -192,6 +207,9 @@ func (t Template) validate(cfg Config, secretsSet bool) error {
 		if len(t.Policy.AllowHosts) == 0 {
 			errs = append(errs, errors.New(`network "allowlist" with no "allow-host" lets nothing out; name the hosts, or set "network": "none"`))
 		}
+	}
+	if _, err := netproxy.ParseAllowlist(t.Policy.NetworkApproval); err != nil {
+		errs = append(errs, fmt.Errorf("network-approval: %w", err))
 	}
 	var held []netproxy.Secret
 	for _, name := range t.Secrets {

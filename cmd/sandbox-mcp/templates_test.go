@@ -143,3 +143,49 @@ func TestTemplatesDocExample(t *testing.T) {
 		t.Errorf("locked %+v", locked)
 	}
 }
+
+// TestTemplatesNetworkApproval: a template sets its own "network-approval"
+// (the hosts a person may approve for its sandboxes), turns it off with
+// [], inherits the default's with its network, and drops it without one;
+// bad values are refused at load, naming the template and the key.
+func TestTemplatesNetworkApproval(t *testing.T) {
+	dir := t.TempDir()
+	env := envFrom(map[string]string{"HOME": dir})
+	file := writeConfig(t, dir, `{
+		"network": "allowlist", "allow-host": ["github.com"], "network-approval": ["*.pypi.org"],
+		"templates": {
+			"ask": {"network-approval": ["files.example:443", "*.npmjs.org"]},
+			"inherit": {"memory": "512MiB"},
+			"quiet": {"network-approval": []},
+			"offline": {"network": "none"}
+		}}`)
+	cfg, err := ParseConfig([]string{"--config", file}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, tp := range cfg.Templates {
+		got[tp.Name] = tp.Policy.NetworkApproval
+	}
+	if !slices.Equal(got["ask"], []string{"files.example:443", "*.npmjs.org"}) || !slices.Equal(got["inherit"], []string{"*.pypi.org"}) ||
+		len(got["quiet"]) != 0 || len(got["offline"]) != 0 || !slices.Equal(cfg.Policy.NetworkApproval, []string{"*.pypi.org"}) {
+		t.Errorf("network-approval per template: %v, default %v", got, cfg.Policy.NetworkApproval)
+	}
+	// A template may turn approval on where the flags have none.
+	file = writeConfig(t, dir, `{"network": "allowlist", "allow-host": ["github.com"], "templates": {"ask": {"network-approval": "pypi.org"}}}`)
+	if cfg, err = ParseConfig([]string{"--config", file}, env); err != nil || !slices.Equal(cfg.Templates[0].Policy.NetworkApproval, []string{"pypi.org"}) || len(cfg.Policy.NetworkApproval) != 0 {
+		t.Errorf("approval on a template only: %v %+v", err, cfg.Templates)
+	}
+	for _, tc := range []struct{ name, server, templates, want string }{
+		{"bad pattern", `"network": "allowlist", "allow-host": ["github.com"],`, `{"t": {"network-approval": ["*.*.example"]}}`, `template "t": network-approval: `},
+		{"ip literal", `"network": "allowlist", "allow-host": ["github.com"],`, `{"t": {"network-approval": ["10.0.0.1:80"]}}`, `template "t": network-approval: `},
+		{"without network", ``, `{"t": {"network-approval": ["pypi.org"]}}`, `template "t": --network-approval needs --network=allowlist`},
+		{"network none", `"network": "allowlist", "allow-host": ["github.com"],`, `{"t": {"network": "none", "network-approval": ["pypi.org"]}}`, `template "t": --network-approval needs --network=allowlist`},
+	} {
+		file := writeConfig(t, dir, `{`+tc.server+` "templates": `+tc.templates+`}`)
+		_, err := ParseConfig([]string{"--config", file}, env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}

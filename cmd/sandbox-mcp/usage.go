@@ -20,7 +20,7 @@ var flagGroups = []struct {
 		"max-job-output-bytes", "max-workspace-bytes", "memory", "cpus", "pids", "max-jobs",
 		"idle-timeout", "max-sandbox-lifetime", "lease", "end-handles-at-stop", "warm", "runtime", "seccomp-profile",
 	}},
-	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool", "network-approval", "network-approval-wait"}},
+	{"Network", []string{"network", "allow-host", "allow-private-networks", "network-pool", "network-approval", "network-approval-wait", "network-approval-caller-scope"}},
 	{"Secrets", []string{"secret"}},
 	{"HTTP serving", []string{"http", "token", "http-allow-host", "allow-origin", "default-sandbox", "preview-listen", "preview-ttl"}},
 	{"Limits for many callers", []string{
