@@ -105,3 +105,36 @@ func (d *Deps) textOnly(req *mcp.CallToolRequest) bool {
 	v := d.versions.of(req.Session)
 	return v != "" && v < structuredSince
 }
+
+// noSchemasBefore is a receiving middleware that lists no output schemas
+// to a client that negotiated a version from before structured content:
+// its results carry none (textOnly), and a client that validates results
+// against the listed schema (the TypeScript SDK's does) would refuse
+// every one of them.
+func (v *versions) noSchemasBefore(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		lr, ok := res.(*mcp.ListToolsResult)
+		if err != nil || !ok || method != "tools/list" {
+			return res, err
+		}
+		if mv, has := metaVersion(req); has && mv >= sessionlessSince {
+			return res, err
+		}
+		ss, isServer := req.GetSession().(*mcp.ServerSession)
+		if !isServer {
+			return res, err
+		}
+		if nv := v.of(ss); nv == "" || nv >= structuredSince {
+			return res, err
+		}
+		out := *lr
+		out.Tools = make([]*mcp.Tool, len(lr.Tools))
+		for i, t := range lr.Tools {
+			c := *t // the server's own tools are shared: change a copy
+			c.OutputSchema = nil
+			out.Tools[i] = &c
+		}
+		return &out, err
+	}
+}

@@ -64,7 +64,7 @@ func Register(s *mcp.Server, d *Deps) {
 		t.add(s, t.Def)
 	}
 	registerResources(s, d)
-	s.AddReceivingMiddleware(d.versions.record, acceptHabits, codeErrors, d.listSnapshots, d.holdArguments)
+	s.AddReceivingMiddleware(d.versions.record, d.versions.noSchemasBefore, acceptHabits, codeErrors, d.listSnapshots, d.holdArguments)
 }
 
 func ptr[T any](v T) *T { return &v }

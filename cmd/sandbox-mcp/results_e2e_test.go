@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -32,6 +33,17 @@ func TestTextClientsSeeTheOutput(t *testing.T) {
 				t.Fatalf("negotiated %s for %s", negotiated, v)
 			}
 			textOnly := negotiated < "2025-06-18"
+			// Output schemas are listed to the clients that get
+			// structured content, and only to them.
+			tl, err := s.cs.ListTools(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tool := range tl.Tools {
+				if textOnly && tool.OutputSchema != nil || !textOnly && tool.Name == "sandbox_exec" && tool.OutputSchema == nil {
+					t.Errorf("%s: output schema listed: %v, to a %s client", tool.Name, tool.OutputSchema != nil, negotiated)
+				}
+			}
 			check := func(what string, res *mcp.CallToolResult, stderrField string) string {
 				t.Helper()
 				txt := text(res)

@@ -48,10 +48,12 @@ type tsResult struct {
 	Exec         struct {
 		IsError    bool
 		Structured map[string]any
+		Text       string
 	}
 	Read struct {
 		IsError bool
 		Content string
+		Text    string
 	}
 	Bad struct {
 		IsError bool
@@ -61,7 +63,7 @@ type tsResult struct {
 }
 
 // TestTypeScriptSDKClient: the TypeScript SDK's client initializes at
-// 2025-11-25 and 2025-06-18 over stdio and over HTTP, gets that version back, lists the tools, and runs commands and
+// 2025-11-25, 2025-06-18, 2025-03-26 and 2024-11-05 over stdio and over HTTP, gets that version back, lists the tools, and runs commands and
 // file tools whose structuredContent its own validation checks against
 // each tool's outputSchema (it throws on a mismatch); a refused path is a
 // tool error, and the policy resource reads.
@@ -96,11 +98,21 @@ func TestTypeScriptSDKClient(t *testing.T) {
 				t.Errorf("tools/list lacks %s: %v", want, r.Tools)
 			}
 		}
-		if r.Exec.IsError || r.Exec.Structured["stdout"] != "hi\n" || r.Exec.Structured["exit_code"] != float64(3) {
-			t.Errorf("sandbox_exec: %+v", r.Exec)
-		}
-		if r.Read.IsError || r.Read.Content != "from ts\n" {
-			t.Errorf("write then read: %+v", r.Read)
+		if version < "2025-06-18" {
+			// Before structured content: the text carries it all.
+			if r.Exec.IsError || r.Exec.Structured != nil || !strings.Contains(r.Exec.Text, "hi\n") || !strings.Contains(r.Exec.Text, "exit code 3") {
+				t.Errorf("sandbox_exec: %+v", r.Exec)
+			}
+			if r.Read.IsError || !strings.Contains(r.Read.Text, "from ts\n") {
+				t.Errorf("write then read: %+v", r.Read)
+			}
+		} else {
+			if r.Exec.IsError || r.Exec.Structured["stdout"] != "hi\n" || r.Exec.Structured["exit_code"] != float64(3) {
+				t.Errorf("sandbox_exec: %+v", r.Exec)
+			}
+			if r.Read.IsError || r.Read.Content != "from ts\n" {
+				t.Errorf("write then read: %+v", r.Read)
+			}
 		}
 		if !r.Bad.IsError || !strings.HasPrefix(r.Bad.Text, "OUTSIDE_WORKSPACE: ") {
 			t.Errorf("a path out of the workspace: %+v", r.Bad)
@@ -109,14 +121,10 @@ func TestTypeScriptSDKClient(t *testing.T) {
 			t.Errorf("resources/read sandbox://policy: %q", r.Policy)
 		}
 	}
-	// 2025-03-26 and 2024-11-05 are left out: on them the server sends no
-	// structuredContent (tools.Deps.textOnly) while tools/list still gives
-	// each tool its outputSchema, and this SDK's client then refuses every
-	// result ("Tool sandbox_exec has an output schema but did not return
-	// structured content", MCP error -32600). Add them back with the fix
-	// (structured content for every version, or no outputSchema before
-	// 2025-06-18).
-	for _, v := range []string{"2025-11-25", "2025-06-18"} {
+	// On 2025-03-26 and 2024-11-05 results carry no structuredContent
+	// and tools/list gives no outputSchema: this SDK's client refuses a
+	// result without structured content from a tool that lists one.
+	for _, v := range []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"} {
 		t.Run("stdio/"+v, func(t *testing.T) {
 			args := append([]string{"stdio", bins.Get(t).Server}, serverArgs(t)...)
 			run(t, v, args...)

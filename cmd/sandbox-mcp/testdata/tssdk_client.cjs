@@ -71,10 +71,10 @@ async function main() {
   out.tools = (await client.listTools()).tools.map((t) => t.name).sort();
   // callTool checks structuredContent against each tool's outputSchema.
   const exec = await client.callTool({ name: "sandbox_exec", arguments: { argv: ["sh", "-c", "echo hi; exit 3"] } });
-  out.exec = { isError: !!exec.isError, structured: exec.structuredContent };
+  out.exec = { isError: !!exec.isError, structured: exec.structuredContent, text: exec.content?.[0]?.text };
   const w = await client.callTool({ name: "sandbox_write_file", arguments: { path: "a.txt", content: "from ts\n" } });
   const r = await client.callTool({ name: "sandbox_read_file", arguments: { path: "a.txt" } });
-  out.read = { isError: !!(w.isError || r.isError), content: r.structuredContent?.content };
+  out.read = { isError: !!(w.isError || r.isError), content: r.structuredContent?.content, text: r.content?.[0]?.text };
   const bad = await client.callTool({ name: "sandbox_read_file", arguments: { path: "../etc/passwd" } });
   out.bad = { isError: !!bad.isError, text: bad.content?.[0]?.text };
   const res = await client.readResource({ uri: "sandbox://policy" });
