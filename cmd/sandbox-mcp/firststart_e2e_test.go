@@ -30,8 +30,23 @@ import (
 )
 
 // answerWithin is how soon after the process starts a client must have its
-// answers to initialize, tools/list, resources/list and ping.
+// answers to initialize, tools/list, resources/list and ping, on an idle
+// machine; answerBound adds what the machine's load adds.
 const answerWithin = 2 * time.Second
+
+// answerBound is answerWithin plus four times what starting the same
+// binary to print its version takes right now: on a loaded machine
+// (the test run's other packages, a Kubernetes node) a process start
+// alone took over a second, and the bound is about waiting for nothing
+// (the engine, the cluster), not about the machine's speed.
+func answerBound(t *testing.T, server string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if out, err := exec.Command(server, "--version").CombinedOutput(); err != nil {
+		t.Fatalf("%s --version: %v\n%s", server, err, out)
+	}
+	return answerWithin + 4*time.Since(start)
+}
 
 // newAgent builds the agent with a version string of its own: bytes no
 // engine has seen, as after a rebuild that changed it.
@@ -133,6 +148,7 @@ func TestFirstStartAnswersAtOnce(t *testing.T) {
 				}})
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
+			bound := answerBound(t, bins.Get(t).Server)
 			start := time.Now()
 			cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, nil)
 			if err != nil {
@@ -161,8 +177,8 @@ func TestFirstStartAnswersAtOnce(t *testing.T) {
 			}
 			answered := time.Since(start)
 			t.Logf("initialize answered %s after the start, tools/list, resources/list and ping %s", initialized.Round(time.Millisecond), answered.Round(time.Millisecond))
-			if answered > answerWithin {
-				t.Fatalf("answered %s after the start, want within %s", answered, answerWithin)
+			if answered > bound {
+				t.Fatalf("answered %s after the start, want within %s (%s and what the load adds to a process start)", answered, bound, answerWithin)
 			}
 
 			argv := []string{"cat", "README"}
@@ -224,6 +240,7 @@ func TestFirstStartMCPGo(t *testing.T) {
 	cli := testenv.Engine(t)
 	args, readme := firstStartArgs(t, docker.AgentMountBind, true)
 	logs := &syncBuffer{}
+	bound := answerBound(t, bins.Get(t).Server)
 	start := time.Now()
 	c, err := mcpclient.NewStdioMCPClientWithOptions(bins.Get(t).Server, serverEnv(t), args, transport.WithCommandStderrWriter(logs))
 	if err != nil {
@@ -273,8 +290,8 @@ func TestFirstStartMCPGo(t *testing.T) {
 	if err := c.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > answerWithin {
-		t.Fatalf("answered %s after the start, want within %s", d, answerWithin)
+	if d := time.Since(start); d > bound {
+		t.Fatalf("answered %s after the start, want within %s (%s and what the load adds to a process start)", d, bound, answerWithin)
 	} else {
 		t.Logf("initialize, tools/list, resources/list and ping answered %s after the start", d.Round(time.Millisecond))
 	}

@@ -161,18 +161,20 @@ func TestKubeLostPod(t *testing.T) {
 	}
 }
 
-// TestKubeKilledServerSwept: after kill -9 the pod loses its stream and
-// ends; the next server's sweep leaves no pod.
+// TestKubeKilledServerSwept: after kill -9 the pod's agent hears from no
+// server and ends itself when its --lease runs out (the pod's hub keeps
+// the agent past its server's stream, so that another server could take
+// it over); the next server's sweep leaves no pod.
 func TestKubeKilledServerSwept(t *testing.T) {
 	k := newKubeEnv(t)
-	a := startServer(t, serverOpts{args: k.args()})
+	a := startServer(t, serverOpts{args: append(k.args(), "--lease", "10s")})
 	id := a.ok("sandbox_exec", map[string]any{"argv": []string{"sh", "-c", "sleep 1000 &"}})["sandbox"].(string)
 	if err := a.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	a.cs.Wait()
-	// The pod ends by itself (its agent saw the stream close)...
-	deadline := time.Now().Add(60 * time.Second)
+	// The pod ends by itself (its agent's lease ran out)...
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		phases := k.pods(t, id)
 		running := false
@@ -411,7 +413,7 @@ func TestKubeSeccompLocalhost(t *testing.T) {
 
 // TestKubeFirstStartAnswersAtOnce: with --backend kubernetes the built
 // server answers initialize, tools/list, resources/list and ping within
-// answerWithin of its start, while it prepares the cluster (namespace,
+// answerBound of its start, while it prepares the cluster (namespace,
 // lease, network policies) in the background; the first tool call then
 // runs in a pod.
 func TestKubeFirstStartAnswersAtOnce(t *testing.T) {
@@ -422,6 +424,7 @@ func TestKubeFirstStartAnswersAtOnce(t *testing.T) {
 	cmd.Stderr = stderr
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	bound := answerBound(t, bins.Get(t).Server)
 	start := time.Now()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "kube-first-start", Version: "0"}, nil).
 		Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 20 * time.Second}, nil)
@@ -449,8 +452,8 @@ func TestKubeFirstStartAnswersAtOnce(t *testing.T) {
 	}
 	answered := time.Since(start)
 	t.Logf("initialize, tools/list, resources/list and ping answered %s after the start", answered.Round(time.Millisecond))
-	if answered > answerWithin {
-		t.Fatalf("answered %s after the start, want within %s", answered, answerWithin)
+	if answered > bound {
+		t.Fatalf("answered %s after the start, want within %s (%s and what the load adds to a process start)", answered, bound, answerWithin)
 	}
 	for try := 1; ; try++ {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Arguments: map[string]any{"argv": []string{"echo", "ran"}}})
