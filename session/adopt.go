@@ -289,6 +289,21 @@ func (s *Sandbox) forget() {
 // whose container is not running keeps a record too, so that it comes back
 // from its snapshot. A backend instance that cannot be let go of is
 // removed, and the record then names a container that is gone.
+// detachable reports whether a stop can leave s running for the next
+// server: its instance, if it has one, can be let go of without ending it
+// (backend.Detacher: Docker's containers; a pod's stream cannot be, and
+// the pod ends with the sandbox, as before).
+func (s *Sandbox) detachable() bool {
+	s.mu.Lock()
+	inst := s.cur
+	s.mu.Unlock()
+	if inst == nil {
+		return true
+	}
+	_, ok := inst.box.(backend.Detacher)
+	return ok
+}
+
 func (s *Sandbox) detach() {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()

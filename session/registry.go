@@ -625,7 +625,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		slots := make(chan struct{}, closeParallel)
 		for _, s := range all {
 			end := s.close
-			if keep && s.handle {
+			if keep && s.handle && s.detachable() {
 				end = s.detach
 			}
 			wg.Go(func() {

@@ -168,3 +168,8 @@ func TestReplicasServeEachOthersHandles(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// The Kubernetes backend serves replicas: a change of backend.Reattacher
+// that it does not follow fails the build, not the replicas at run time
+// (shared() asserts the interface dynamically).
+var _ SharedBackend = (*kube.Backend)(nil)

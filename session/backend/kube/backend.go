@@ -41,7 +41,10 @@ type Backend struct {
 	wg     sync.WaitGroup
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.Reattacher = (*Backend)(nil)
+)
 
 // NewBackend returns a Backend.
 func NewBackend(cfg BackendConfig) (*Backend, error) {
@@ -132,7 +135,10 @@ func (b *Backend) Start(ctx context.Context, spec backend.InstanceSpec) (backend
 
 // Reattach takes over the agent of a running sandbox pod, whichever
 // server started it (Cluster.Reattach): backend.Reattacher.
-func (b *Backend) Reattach(ctx context.Context, name string) (backend.Instance, error) {
+//
+// proxy is not used: a pod's egress goes through the cluster's shared
+// proxy, which the pod's credential already names.
+func (b *Backend) Reattach(ctx context.Context, name string, _ *netproxy.Proxy) (backend.Instance, error) {
 	inst, err := b.cfg.Cluster.Reattach(ctx, name)
 	if err != nil {
 		return nil, err
