@@ -150,6 +150,13 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 		n.firewalled = true
 	}
 	n.token = netproxy.NewToken()
+	d.serveProxy(n, ln, sandbox, proxy)
+	return n, nil
+}
+
+// serveProxy grants n's credential for sandbox at the proxy and serves the
+// proxy on ln, for n's container address alone, until n is torn down.
+func (d *Docker) serveProxy(n *sandboxNet, ln net.Listener, sandbox string, proxy *netproxy.Proxy) {
 	n.revoke = proxy.Grant(sandbox, n.token)
 	pctx, stop := context.WithCancel(context.Background())
 	n.stop, n.served = stop, make(chan struct{})
@@ -159,7 +166,6 @@ func (d *Docker) openNet(ctx context.Context, sandbox, name string, proxy *netpr
 			d.log.Warn("proxy stopped", "sandbox", sandbox, "err", err)
 		}
 	}()
-	return n, nil
 }
 
 // adoptNet takes over the network of a sandbox container a server before
@@ -210,15 +216,7 @@ func (d *Docker) adoptNet(sandbox, name string, env []string, ns *container.Netw
 		return nil, fmt.Errorf("take over the network's firewall rules: %w", err)
 	}
 	n.firewalled = true
-	n.revoke = proxy.Grant(sandbox, n.token)
-	pctx, stop := context.WithCancel(context.Background())
-	n.stop, n.served = stop, make(chan struct{})
-	go func() {
-		defer close(n.served)
-		if err := proxy.Serve(pctx, ln, sandbox, n.client); err != nil {
-			d.log.Warn("proxy stopped", "sandbox", sandbox, "err", err)
-		}
-	}()
+	d.serveProxy(n, ln, sandbox, proxy)
 	return n, nil
 }
 
